@@ -1,0 +1,103 @@
+"""Argument validation for every Python-facing kernel wrapper.
+
+The compiled kernels run with bounds checks off, so these checks are the only
+guard between a caller and memory corruption: each one raises ValueError with
+a message that names the function and the offending argument.
+"""
+
+import numbers
+import os
+
+import numpy as np
+
+F32 = np.dtype(np.float32)
+
+
+def f32(fn, name, a, ndim, writable=False):
+    """a must be a C-contiguous float32 ndarray with ndim dimensions (None: any)."""
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{fn}: {name} must be a numpy.ndarray of float32, got {type(a).__name__}")
+    if a.dtype != F32:
+        raise ValueError(f"{fn}: {name} must have dtype float32, got {a.dtype}")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{fn}: {name} must be C-contiguous (np.ascontiguousarray makes a copy that is)")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{fn}: {name} is read-only but is written to")
+    return a
+
+
+def shape(fn, name, a, expected):
+    if tuple(a.shape) != tuple(expected):
+        raise ValueError(f"{fn}: {name} must have shape {tuple(expected)}, got {a.shape}")
+
+
+def same_dim(fn, name, a, axis, expected, what):
+    if a.shape[axis] != expected:
+        raise ValueError(f"{fn}: {name}.shape[{axis}] must equal {what} ({expected}), got shape {a.shape}")
+
+
+def no_overlap(fn, name, out, **inputs):
+    for other_name, other in inputs.items():
+        if other is not None and np.may_share_memory(out, other):
+            raise ValueError(f"{fn}: {name} must not share memory with {other_name}")
+
+
+def integer(fn, name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{fn}: {name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def token_ids(fn, name, ids, vocab_size, ndim=None):
+    """Token ids as a C-contiguous int64 array, every id in [0, vocab_size)."""
+    if isinstance(ids, np.ndarray):
+        arr = ids
+    else:
+        try:
+            arr = np.asarray(ids)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{fn}: {name} must be integer token ids: {e}") from None
+        if arr.size == 0:  # an empty list has no dtype of its own
+            arr = arr.astype(np.int64)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{fn}: {name} must be integer token ids, got dtype {arr.dtype}")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {arr.shape}")
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{fn}: {name} contains token id {bad}, outside [0, {vocab_size})")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def available_cores():
+    """Cores this process may run on (CPU affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads():
+    """OMP_NUM_THREADS when set, else the cores in this process's affinity mask."""
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if env:
+        try:
+            n = int(env)
+            if n >= 1:
+                return n
+        except ValueError:
+            pass
+    return available_cores()
+
+
+def threads(fn, n):
+    if n is None:
+        return default_threads()
+    n = integer(fn, "threads", n)
+    if n < 1:
+        raise ValueError(f"{fn}: threads must be >= 1, got {n}")
+    return n

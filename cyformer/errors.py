@@ -1,0 +1,13 @@
+"""Exceptions cyformer raises on purpose."""
+
+
+class CyformerError(Exception):
+    """Base class of every error cyformer raises for a problem it detected."""
+
+
+class ModelLoadError(CyformerError):
+    """A model directory, config or weights file is missing, malformed or inconsistent."""
+
+
+class TokenizerError(CyformerError):
+    """Text was given or asked for, but the model has no usable tokenizer."""

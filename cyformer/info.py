@@ -1,0 +1,31 @@
+"""What was compiled and what is in use: cyformer.build_info()."""
+
+import platform
+
+from . import _checks, _runtime, kernels
+
+
+def build_info():
+    """A dict describing the compiled kernels and the runtime.
+
+    openmp: compiled with OpenMP; compile_flags: common flags; isa: the kernel
+    level loaded for this CPU and its flags; cython: Cython version used to
+    build; threads: the default thread count (OMP_NUM_THREADS, else the cores
+    in this process's affinity mask).
+    """
+    b = kernels.BUILD
+    return {
+        "version": __import__("cyformer").__version__,
+        "openmp": bool(b.get("openmp")) and _runtime.openmp_enabled(),
+        "compile_flags": list(b.get("compile_flags", [])) + list(b.get("openmp_flags", [])),
+        "isa": kernels.LEVEL,
+        "isa_flags": list(b.get("levels", {}).get(kernels.LEVEL, [])),
+        "isa_levels_built": list(b.get("levels", {})),
+        "cpu_x86_level": _runtime.x86_level(),
+        "cython": b.get("cython"),
+        "compiler": b.get("compiler"),
+        "debug": bool(b.get("debug")),
+        "threads": _checks.default_threads(),
+        "omp_max_threads": _runtime.omp_max_threads(),
+        "machine": platform.machine(),
+    }

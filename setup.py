@@ -1,0 +1,220 @@
+"""Build the Cython kernels.
+
+The kernels in ``src_pyx/`` are compiled once per x86-64 micro-architecture
+level into sibling packages ``cyformer._kernels_v2``, ``_kernels_v3`` and
+``_kernels_v4`` (SSE4.2, AVX2+FMA, AVX-512).  ``cyformer.kernels`` picks the
+best one the running CPU supports at import time, so the default wheel runs on
+any x86-64-v2 CPU and still uses wide vectors where they exist.  On other
+architectures a single ``_kernels_generic`` package is built.
+
+Environment switches read at build time:
+
+``CYFORMER_NATIVE=1``  build only ``_kernels_native`` with ``-march=native``.
+``CYFORMER_DEBUG=1``   bounds and wraparound checks on, ``-O1 -g``.
+``CYFORMER_ISA=v2,v3`` restrict the levels that are built (faster dev builds).
+
+Floating point stays IEEE: no ``-ffast-math`` (it breaks tanh/exp edge cases
+and lets the compiler reorder sums, which would make results depend on the
+vector width).
+"""
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import textwrap
+import warnings
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(HERE, "src_pyx")
+# Per-level copies of src_pyx/ live here so that each level is a real package
+# and relative cimports between kernel modules resolve inside that level.
+GEN = os.path.join(HERE, "build", "cython")
+
+KERNEL_MODULES = ["linalg", "norm", "activations", "attention", "mlp"]
+X86_LEVELS = {
+    "v2": ["-march=x86-64-v2", "-mtune=generic"],
+    "v3": ["-march=x86-64-v3", "-mtune=generic"],
+    "v4": ["-march=x86-64-v4", "-mtune=generic"],
+}
+
+DEBUG = os.environ.get("CYFORMER_DEBUG", "") not in ("", "0")
+NATIVE = os.environ.get("CYFORMER_NATIVE", "") not in ("", "0")
+
+
+def _cc():
+    return (sysconfig.get_config_var("CC") or "cc").split()
+
+
+def _compiles(flags, code="int main(void){return 0;}\n", link_flags=()):
+    """True when the C compiler accepts ``flags`` on a tiny program."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write(code)
+        cmd = _cc() + list(flags) + [src, "-o", os.path.join(tmp, "probe")] + list(link_flags)
+        try:
+            return subprocess.run(cmd, capture_output=True).returncode == 0
+        except OSError:
+            return False
+
+
+def openmp_flags():
+    """Compile and link flags that enable OpenMP, or None when unavailable."""
+    probe = textwrap.dedent("""
+        #include <omp.h>
+        int main(void) { int n = 0;
+        #pragma omp parallel reduction(+:n)
+          n += 1;
+          return omp_get_max_threads() > 0 ? 0 : 1; }
+    """)
+    candidates = [(["-fopenmp"], ["-fopenmp"])]  # gcc, clang with libomp
+    if sys.platform == "darwin":  # Apple clang needs libomp spelled out
+        candidates.append((["-Xpreprocessor", "-fopenmp"], ["-lomp"]))
+    for cflags, lflags in candidates:
+        if _compiles(cflags, probe, lflags):
+            return cflags, lflags
+    return None
+
+
+def isa_levels():
+    if NATIVE:
+        return {"native": ["-march=native"]}
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {"generic": []}
+    wanted = os.environ.get("CYFORMER_ISA")
+    levels = {}
+    for name, flags in X86_LEVELS.items():
+        if wanted and name not in wanted.split(","):
+            continue
+        if _compiles(flags):
+            levels[name] = flags
+        else:
+            warnings.warn(f"compiler does not accept {flags}; skipping kernel level {name}")
+    if not levels:
+        raise RuntimeError("no x86-64 kernel level could be compiled (need gcc >= 11 or clang >= 12)")
+    return levels
+
+
+def generate_level_sources(level):
+    """Copy src_pyx/ into build/cython/cyformer/_kernels_<level>/ and return that dir."""
+    pkg = os.path.join(GEN, "cyformer", f"_kernels_{level}")
+    os.makedirs(pkg, exist_ok=True)
+    open(os.path.join(GEN, "cyformer", "__init__.py"), "a").close()
+    with open(os.path.join(pkg, "__init__.py"), "w") as f:
+        f.write(f'"""cyformer kernels compiled for the {level} instruction set level (generated)."""\n')
+    for name in os.listdir(SRC):
+        if name.endswith((".pyx", ".pxd", ".h")):
+            src, dst = os.path.join(SRC, name), os.path.join(pkg, name)
+            # Copy only when changed so incremental builds stay incremental.
+            if not os.path.exists(dst) or open(src, "rb").read() != open(dst, "rb").read():
+                shutil.copyfile(src, dst)
+    return pkg
+
+
+def extensions(levels, omp):
+    """The extension modules: the runtime helper plus every kernel module per level."""
+    omp_c, omp_l = omp if omp else ([], [])
+    base = ["-O1", "-g"] if DEBUG else ["-O3"]
+    # -fno-math-errno lets gcc inline sqrtf; it changes no result.
+    base += ["-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code"]
+    exts = [
+        Extension(
+            "cyformer._runtime",
+            [os.path.join(SRC, "runtime", "_runtime.pyx")],
+            extra_compile_args=base + omp_c,
+            extra_link_args=omp_l,
+        )
+    ]
+    for level, flags in levels.items():
+        pkg = os.path.join(GEN, "cyformer", f"_kernels_{level}")
+        for mod in KERNEL_MODULES:
+            exts.append(
+                Extension(
+                    f"cyformer._kernels_{level}.{mod}",
+                    [os.path.join(pkg, f"{mod}.pyx")],
+                    include_dirs=[pkg],
+                    extra_compile_args=base + flags + omp_c,
+                    extra_link_args=omp_l,
+                )
+            )
+    return exts, base
+
+
+class BuildExt(build_ext):
+    """Cythonize lazily (so metadata queries need no Cython) and record build info."""
+
+    def finalize_options(self):
+        import Cython
+        from Cython.Build import cythonize
+
+        omp = openmp_flags()
+        if omp is None:
+            warnings.warn(
+                "\n" + "!" * 72 + "\n"
+                "cyformer: the C compiler has no OpenMP support. Building SERIAL kernels:\n"
+                "everything works, but only one core is used. Install libgomp/libomp\n"
+                "and rebuild for multi-threaded inference.\n" + "!" * 72,
+                stacklevel=1,
+            )
+        exts, base = extensions(LEVELS, omp)
+        directives = {
+            "language_level": 3,
+            "boundscheck": DEBUG,
+            "wraparound": DEBUG,
+            "initializedcheck": DEBUG,
+            "cdivision": not DEBUG,
+            "embedsignature": True,
+        }
+        self.distribution.ext_modules = cythonize(
+            exts,
+            compiler_directives=directives,
+            include_path=[GEN],
+            build_dir=os.path.join(HERE, "build", "c"),
+            nthreads=os.cpu_count() or 1,
+            quiet=True,
+        )
+        self._info = {
+            "openmp": omp is not None,
+            "openmp_flags": omp[0] if omp else [],
+            "compile_flags": base,
+            "levels": LEVELS,
+            "debug": DEBUG,
+            "native": NATIVE,
+            "cython": Cython.__version__,
+            "compiler": " ".join(_cc()),
+        }
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
+        super().finalize_options()
+
+    def run(self):
+        super().run()
+        out = os.path.join(self.build_lib, "cyformer", "_build_info.py")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as f:
+            f.write("# Generated by setup.py at build time.\n")
+            f.write(f"BUILD = {self._info!r}\n")
+        if self.inplace:
+            shutil.copyfile(out, os.path.join(HERE, "cyformer", "_build_info.py"))
+
+
+LEVELS = isa_levels()
+level_pkgs = {f"cyformer._kernels_{lv}": generate_level_sources(lv) for lv in LEVELS}
+setup(
+    packages=["cyformer", *level_pkgs],
+    package_dir={"cyformer": "cyformer", **{k: os.path.relpath(v, HERE) for k, v in level_pkgs.items()}},
+    package_data={
+        "cyformer": ["data/*/*.json", "data/*/*.safetensors", "data/*/*.md"],
+        **{k: ["*.pxd", "*.h"] for k in level_pkgs},
+    },
+    ext_modules=[Extension("cyformer._runtime", [])],  # replaced in BuildExt
+    cmdclass={"build_ext": BuildExt},
+    zip_safe=False,
+)

@@ -1,0 +1,45 @@
+# Pointwise activations and the softmax.
+
+from libc.math cimport tanhf, erff, expf, INFINITY
+
+# Activation codes, also used by the fused epilogues in linalg.
+cdef enum Act:
+    ACT_NONE = 0
+    ACT_GELU_NEW = 1   # tanh approximation, GPT-2's "gelu_new"
+    ACT_GELU_ERF = 2   # exact erf GELU, "gelu"
+
+cdef inline float gelu_new(float x) noexcept nogil:
+    # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's approximation
+    return 0.5 * x * (1.0 + tanhf(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+cdef inline float gelu_erf(float x) noexcept nogil:
+    # 0.5 x (1 + erf(x / sqrt(2)))
+    return 0.5 * x * (1.0 + erff(x * 0.7071067811865476))
+
+cdef inline void softmax_row(float* x, Py_ssize_t n) noexcept nogil:
+    # Stable softmax in place: subtract the max before exp.  A row that is all
+    # -inf (nothing visible) becomes uniform rather than NaN; +inf entries
+    # share the mass equally.  The sum runs in index order (deterministic).
+    cdef Py_ssize_t i
+    cdef float m = -INFINITY
+    cdef double s = 0.0
+    for i in range(n):
+        if x[i] > m:
+            m = x[i]
+    if m == -INFINITY or m == INFINITY:
+        for i in range(n):
+            x[i] = 1.0 if (m == -INFINITY or x[i] == INFINITY) else 0.0
+            s += x[i]
+    else:
+        for i in range(n):
+            x[i] = expf(x[i] - m)
+            s += x[i]
+    cdef float inv = <float>(1.0 / s)
+    for i in range(n):
+        x[i] = x[i] * inv
+
+# x[i] = gelu(x[i]) in place; kind: ACT_GELU_NEW or ACT_GELU_ERF.
+cdef void gelu(float* x, Py_ssize_t n, int kind, int nthreads) noexcept nogil
+
+# Row-wise softmax of x [rows, n] in place.
+cdef void softmax(float* x, Py_ssize_t rows, Py_ssize_t n, int nthreads) noexcept nogil

@@ -1,0 +1,61 @@
+"""Pointwise activations (GELU in both forms) and the row softmax."""
+
+from cython.parallel cimport prange
+
+import numpy as np
+
+from ._util cimport wptr
+
+from cyformer import _checks
+
+GELU_KINDS = {"gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
+
+
+cdef void gelu(float* x, Py_ssize_t n, int kind, int nthreads) noexcept nogil:
+    cdef Py_ssize_t i
+    if kind == ACT_GELU_ERF:
+        for i in prange(n, num_threads=nthreads, schedule="static"):
+            x[i] = gelu_erf(x[i])
+    else:
+        for i in prange(n, num_threads=nthreads, schedule="static"):
+            x[i] = gelu_new(x[i])
+
+
+cdef void softmax(float* x, Py_ssize_t rows, Py_ssize_t n, int nthreads) noexcept nogil:
+    cdef Py_ssize_t r
+    for r in prange(rows, num_threads=nthreads, schedule="static"):
+        softmax_row(x + r * n, n)
+
+
+def gelu_inplace(x, kind="gelu_new", threads=None):
+    """x = gelu(x) in place for a C-contiguous float32 array; returns x.
+
+    kind: "gelu_new" (tanh approximation, GPT-2) or "gelu" (exact, erf).
+    """
+    _checks.f32("gelu", "x", x, None, writable=True)
+    if kind not in GELU_KINDS:
+        raise ValueError(f"gelu: kind must be one of {sorted(GELU_KINDS)}, got {kind!r}")
+    cdef int nt = _checks.threads("gelu", threads)
+    cdef float* px = wptr(x)
+    cdef Py_ssize_t n = x.size
+    cdef int k = GELU_KINDS[kind]
+    with nogil:
+        gelu(px, n, k, nt)
+    return x
+
+
+def softmax_inplace(x, threads=None):
+    """Softmax over the last axis of a float32 array, in place; returns x.
+
+    Rows that are entirely -inf come out uniform instead of NaN.
+    """
+    _checks.f32("softmax", "x", x, None, writable=True)
+    if x.ndim == 0 or x.shape[x.ndim - 1] == 0:
+        raise ValueError(f"softmax: x needs a non-empty last axis, got shape {x.shape}")
+    cdef int nt = _checks.threads("softmax", threads)
+    cdef float* px = wptr(x)
+    cdef Py_ssize_t n = x.shape[x.ndim - 1]
+    cdef Py_ssize_t rows = x.size // n
+    with nogil:
+        softmax(px, rows, n, nt)
+    return x

@@ -1,0 +1,150 @@
+"""Causal multi-head self-attention over a per-sequence key/value cache.
+
+This is the only module where positions mix: every other kernel treats each
+position (row) on its own.
+
+Dimension letters: T new positions, P = past positions already cached,
+H heads, D = d_head, C = H * D, cap = cache capacity (positions).
+
+For each head h and new position t (absolute position p = P + t):
+    scores[j] = q_p . k_j / sqrt(D)     for j <= p (future positions masked)
+    pattern   = softmax(scores)
+    z_p       = sum_j pattern[j] v_j
+Work is split over (head, position) pairs, each computed start to finish by
+one thread, so the summation order never depends on the thread count.  Keys
+are cached transposed ([H, D, cap]) so one query's scores vectorise over key
+positions; values stay [H, cap, D] so the weighted sum vectorises over D.
+"""
+
+from cython.parallel cimport parallel, prange, threadid
+from libc.math cimport sqrt, INFINITY
+
+import numpy as np
+
+from ._util cimport cptr, wptr
+from .activations cimport softmax_row
+
+from cyformer import _checks
+
+
+cdef Py_ssize_t attention_scratch_size(Py_ssize_t cap, Py_ssize_t d_head) noexcept nogil:
+    return cap + d_head
+
+
+cdef void _append_kv(const float* qkv, float* k_cache, float* v_cache, Py_ssize_t past,
+                     Py_ssize_t T, Py_ssize_t H, Py_ssize_t D, Py_ssize_t cap,
+                     int nthreads) noexcept nogil:
+    cdef Py_ssize_t C = H * D, h, t, d
+    cdef const float* row
+    for h in prange(H, num_threads=nthreads, schedule="static"):
+        for t in range(T):
+            row = qkv + t * 3 * C + h * D
+            for d in range(D):
+                k_cache[(h * D + d) * cap + past + t] = row[C + d]
+                v_cache[(h * cap + past + t) * D + d] = row[2 * C + d]
+
+
+cdef void attention(float* z, const float* qkv, float* k_cache, float* v_cache,
+                    Py_ssize_t past, Py_ssize_t T, Py_ssize_t H, Py_ssize_t D,
+                    Py_ssize_t cap, float* scores, float* pattern,
+                    float* scratch, int nthreads) noexcept nogil:
+    cdef Py_ssize_t C = H * D, S = past + T  # S: keys visible to the last query
+    cdef Py_ssize_t i, h, t, L, j, d
+    cdef float* s
+    cdef float* zacc
+    cdef const float* q
+    cdef const float* kT
+    cdef const float* vh
+    cdef float qd, a
+    cdef float inv_sqrt_d = <float>(1.0 / sqrt(<double>D))
+    _append_kv(qkv, k_cache, v_cache, past, T, H, D, cap, nthreads)
+    with parallel(num_threads=nthreads):
+        s = scratch + threadid() * attention_scratch_size(cap, D)
+        zacc = s + cap
+        # Later positions see more keys; dynamic chunks balance the triangle.
+        for i in prange(H * T, schedule="dynamic", chunksize=4):
+            h = i // T
+            t = i % T
+            L = past + t + 1
+            q = qkv + t * 3 * C + h * D
+            kT = k_cache + h * D * cap
+            vh = v_cache + h * cap * D
+            for j in range(L):
+                s[j] = 0.0
+            for d in range(D):
+                qd = q[d]
+                for j in range(L):
+                    s[j] = s[j] + qd * kT[d * cap + j]
+            for j in range(L):
+                s[j] = s[j] * inv_sqrt_d
+            if scores != NULL:
+                for j in range(S):
+                    scores[(h * T + t) * S + j] = s[j] if j < L else -INFINITY
+            softmax_row(s, L)
+            if pattern != NULL:
+                for j in range(S):
+                    pattern[(h * T + t) * S + j] = s[j] if j < L else 0.0
+            for d in range(D):
+                zacc[d] = 0.0
+            for j in range(L):
+                a = s[j]
+                for d in range(D):
+                    zacc[d] = zacc[d] + a * vh[j * D + d]
+            for d in range(D):
+                z[t * C + h * D + d] = zacc[d]
+
+
+def attention_forward(qkv, k_cache, v_cache, past, out=None, scores=None, pattern=None,
+                      threads=None):
+    """Causal self-attention of T new positions over a key/value cache.
+
+    qkv     [T, 3C]  float32, q | k | v with heads contiguous (c_attn output)
+    k_cache [H, D, cap], v_cache [H, cap, D]  float32, written at past..past+T-1
+    past    positions already in the cache (0 for a fresh sequence)
+    out     [T, C] per-head outputs z (allocated when None)
+    scores, pattern  optional [H, T, past+T] outputs (pre-softmax with -inf
+            on masked entries; softmax weights with 0 there)
+    Returns out.
+    """
+    fn = "attention"
+    _checks.f32(fn, "qkv", qkv, 2)
+    _checks.f32(fn, "k_cache", k_cache, 3, writable=True)
+    _checks.f32(fn, "v_cache", v_cache, 3, writable=True)
+    cdef Py_ssize_t H = k_cache.shape[0], D = k_cache.shape[1], cap = k_cache.shape[2]
+    cdef Py_ssize_t T = qkv.shape[0], C = H * D
+    if H < 1 or D < 1:
+        raise ValueError(f"attention: k_cache must be [H, d_head, cap] with H, d_head >= 1, got {k_cache.shape}")
+    _checks.shape(fn, "v_cache", v_cache, (H, cap, D))
+    _checks.same_dim(fn, "qkv", qkv, 1, 3 * C, "3 * n_head * d_head")
+    past = _checks.integer(fn, "past", past)
+    if past < 0 or past + T > cap:
+        raise ValueError(f"attention: past={past} plus T={T} new positions does not fit "
+                         f"a cache of {cap} positions")
+    if T < 1:
+        raise ValueError("attention: qkv must hold at least one position (T >= 1)")
+    _checks.no_overlap(fn, "k_cache", k_cache, qkv=qkv, v_cache=v_cache)
+    _checks.no_overlap(fn, "v_cache", v_cache, qkv=qkv)
+    cdef Py_ssize_t S = past + T
+    if out is None:
+        out = np.empty((T, C), dtype=np.float32)
+    else:
+        _checks.f32(fn, "out", out, 2, writable=True)
+        _checks.shape(fn, "out", out, (T, C))
+        _checks.no_overlap(fn, "out", out, qkv=qkv, k_cache=k_cache, v_cache=v_cache)
+    for name, arr in (("scores", scores), ("pattern", pattern)):
+        if arr is not None:
+            _checks.f32(fn, name, arr, 3, writable=True)
+            _checks.shape(fn, name, arr, (H, T, S))
+    cdef int nt = _checks.threads(fn, threads)
+    scratch = np.empty(nt * attention_scratch_size(cap, D), dtype=np.float32)
+    cdef float* pz = wptr(out)
+    cdef const float* pq = cptr(qkv)
+    cdef float* pk = wptr(k_cache)
+    cdef float* pv = wptr(v_cache)
+    cdef float* psc = wptr(scores)
+    cdef float* ppa = wptr(pattern)
+    cdef float* pscr = wptr(scratch)
+    cdef Py_ssize_t p = past
+    with nogil:
+        attention(pz, pq, pk, pv, p, T, H, D, cap, psc, ppa, pscr, nt)
+    return out

@@ -1,0 +1,279 @@
+"""Linear algebra kernels: dot, linear (GEMM and GEMV paths), residual add, embedding.
+
+Dimension letters: T rows (positions), K the summed (input) dimension,
+N outputs, C = d_model.
+
+Why the two paths: prefill multiplies many rows by the same weights and is
+bound by arithmetic, so W is packed into contiguous 16-column strips and a
+6x16 register tile (simd.h) reuses every loaded weight 6 times.  Decode has one
+row: every weight byte is used once, so the matrix-vector path just streams W
+once, split over output columns between threads.
+"""
+
+cimport cython
+from cython.parallel cimport parallel, prange, threadid
+from libc.string cimport memset
+
+import numpy as np
+
+from ._util cimport cptr, wptr
+from .activations cimport gelu_new, gelu_erf, ACT_NONE, ACT_GELU_NEW, ACT_GELU_ERF
+
+from cyformer import _checks
+
+cdef extern from "simd.h" nogil:
+    enum:
+        CYF_MR
+        CYF_NR
+    void cyf_gemm_tile(const float* x, Py_ssize_t ldx, int nrows,
+                       const float* wp, Py_ssize_t K, float* tile)
+    float cyf_dot(const float* a, const float* b, Py_ssize_t n)
+
+cdef enum:
+    # Fewer rows than this take the matrix-vector path: with so few rows,
+    # packing W would cost as much as the product itself.
+    MATVEC_ROWS = 4
+    # Columns per matrix-vector work item: 256-byte runs of each row of W.
+    GEMV_COLS = 64
+
+ACTIVATIONS = {"none": ACT_NONE, "gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
+
+
+cdef Py_ssize_t linear_scratch_size(Py_ssize_t K) noexcept nogil:
+    return K * CYF_NR + CYF_MR * CYF_NR + GEMV_COLS
+
+
+cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
+    return cyf_dot(a, b, n)
+
+
+cdef inline float _epilogue(float v, float bias, int act) noexcept nogil:
+    v = v + bias
+    if act == ACT_GELU_NEW:
+        return gelu_new(v)
+    if act == ACT_GELU_ERF:
+        return gelu_erf(v)
+    return v
+
+
+cdef inline void _store(float* dst, float v, bint accumulate) noexcept nogil:
+    if accumulate:
+        dst[0] = dst[0] + v
+    else:
+        dst[0] = v
+
+
+cdef void _pack_strip(float* pack, const float* W, Py_ssize_t K, Py_ssize_t N,
+                      Py_ssize_t n0, Py_ssize_t nw, bint w_t) noexcept nogil:
+    # pack[k, j] = W(k, n0 + j) for j < nw, zero-padded to CYF_NR columns.
+    cdef Py_ssize_t k, j
+    if nw < CYF_NR:
+        memset(pack, 0, K * CYF_NR * sizeof(float))
+    if w_t:  # W is [N, K]: each packed column is a contiguous row of W
+        for j in range(nw):
+            for k in range(K):
+                pack[k * CYF_NR + j] = W[(n0 + j) * K + k]
+    else:
+        for k in range(K):
+            for j in range(nw):
+                pack[k * CYF_NR + j] = W[k * N + n0 + j]
+
+
+cdef void _gemm(float* out, const float* x, const float* W, const float* b,
+                Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+                int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
+    cdef Py_ssize_t nstrips = (N + CYF_NR - 1) // CYF_NR
+    cdef Py_ssize_t s, n0, nw, tt, t0, r, j
+    cdef int rows
+    cdef float* pack
+    cdef float* tile
+    cdef float bias
+    with parallel(num_threads=nthreads):
+        pack = scratch + threadid() * linear_scratch_size(K)
+        tile = pack + K * CYF_NR
+        for s in prange(nstrips, schedule="static"):
+            n0 = s * CYF_NR
+            nw = N - n0 if N - n0 < CYF_NR else CYF_NR
+            _pack_strip(pack, W, K, N, n0, nw, w_t)
+            for tt in range((T + CYF_MR - 1) // CYF_MR):
+                t0 = tt * CYF_MR
+                rows = <int>(T - t0 if T - t0 < CYF_MR else CYF_MR)
+                cyf_gemm_tile(x + t0 * K, K, rows, pack, K, tile)
+                for r in range(rows):
+                    for j in range(nw):
+                        bias = b[n0 + j] if b != NULL else 0.0
+                        _store(&out[(t0 + r) * N + n0 + j],
+                               _epilogue(tile[r * CYF_NR + j], bias, act), accumulate)
+
+
+cdef void _gemv(float* out, const float* x, const float* W, const float* b,
+                Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+                int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
+    cdef Py_ssize_t nchunks = (N + GEMV_COLS - 1) // GEMV_COLS
+    cdef Py_ssize_t c, n0, nw, t, k, j
+    cdef float* acc
+    cdef const float* xt
+    cdef const float* wk
+    cdef float xk, bias
+    with parallel(num_threads=nthreads):
+        acc = scratch + threadid() * linear_scratch_size(K)
+        for c in prange(nchunks, schedule="static"):
+            n0 = c * GEMV_COLS
+            nw = N - n0 if N - n0 < GEMV_COLS else GEMV_COLS
+            for t in range(T):
+                xt = x + t * K
+                if w_t:  # W [N, K]: one contiguous dot product per output
+                    for j in range(nw):
+                        acc[j] = cyf_dot(xt, W + (n0 + j) * K, K)
+                else:    # W [K, N]: stream rows of W, accumulating 64 outputs
+                    for j in range(nw):
+                        acc[j] = 0.0
+                    for k in range(K):
+                        xk = xt[k]
+                        wk = W + k * N + n0
+                        for j in range(nw):
+                            acc[j] = acc[j] + xk * wk[j]
+                for j in range(nw):
+                    bias = b[n0 + j] if b != NULL else 0.0
+                    _store(&out[t * N + n0 + j], _epilogue(acc[j], bias, act), accumulate)
+
+
+cdef void linear(float* out, const float* x, const float* W, const float* b,
+                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
+    if T <= 0 or N <= 0:
+        return
+    if T < MATVEC_ROWS:
+        _gemv(out, x, W, b, T, K, N, w_t, act, accumulate, scratch, nthreads)
+    else:
+        _gemm(out, x, W, b, T, K, N, w_t, act, accumulate, scratch, nthreads)
+
+
+cdef void add(float* out, const float* x, Py_ssize_t n, int nthreads) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in prange(n, num_threads=nthreads, schedule="static"):
+        out[i] = out[i] + x[i]
+
+
+cdef void embed(float* out, const long long* ids, const float* wte, const float* wpe,
+                Py_ssize_t T, Py_ssize_t C, Py_ssize_t pos0, int nthreads) noexcept nogil:
+    cdef Py_ssize_t t, c
+    cdef const float* tok
+    cdef const float* pos
+    for t in prange(T, num_threads=nthreads, schedule="static"):
+        tok = wte + ids[t] * C
+        pos = wpe + (pos0 + t) * C
+        for c in range(C):
+            out[t * C + c] = tok[c] + pos[c]
+
+
+# ---------------------------------------------------------------------------
+# Python-facing wrappers: validate everything, allocate, pick the threads.
+
+def dot_product(a, b):
+    """sum(a * b) for two 1-D float32 arrays of equal length."""
+    _checks.f32("dot", "a", a, 1)
+    _checks.f32("dot", "b", b, 1)
+    _checks.same_dim("dot", "b", b, 0, a.shape[0], "len(a)")
+    cdef const float* pa = cptr(a)
+    cdef const float* pb = cptr(b)
+    cdef Py_ssize_t n = a.shape[0]
+    cdef float r = 0.0
+    if n:
+        with nogil:
+            r = dot(pa, pb, n)
+    return float(r)
+
+
+def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="none",
+                   accumulate=False, threads=None):
+    """out = act(x @ W + b), or out += act(x @ W + b) with accumulate=True.
+
+    x [T, K]; W [K, N] ([N, K] with w_transposed=True); b [N] or None;
+    out [T, N] (allocated when None; required with accumulate).
+    activation: "none", "gelu_new" (tanh approximation) or "gelu" (erf).
+    """
+    fn = "linear"
+    _checks.f32(fn, "x", x, 2)
+    _checks.f32(fn, "W", W, 2)
+    cdef Py_ssize_t T = x.shape[0], K = x.shape[1]
+    cdef Py_ssize_t N = W.shape[0] if w_transposed else W.shape[1]
+    _checks.same_dim(fn, "W", W, 1 if w_transposed else 0, K, "x.shape[1]")
+    if b is not None:
+        _checks.f32(fn, "b", b, 1)
+        _checks.same_dim(fn, "b", b, 0, N, "the output width")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"linear: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if out is None:
+        if accumulate:
+            raise ValueError("linear: accumulate=True needs an out array to add into")
+        out = np.empty((T, N), dtype=np.float32)
+    else:
+        _checks.f32(fn, "out", out, 2, writable=True)
+        _checks.shape(fn, "out", out, (T, N))
+        _checks.no_overlap(fn, "out", out, x=x, W=W, b=b)
+    cdef int nt = _checks.threads(fn, threads)
+    scratch = np.empty(nt * linear_scratch_size(K), dtype=np.float32)
+    cdef float* po = wptr(out)
+    cdef const float* px = cptr(x)
+    cdef const float* pw = cptr(W)
+    cdef const float* pb = cptr(b)
+    cdef float* ps = wptr(scratch)
+    cdef bint wt = bool(w_transposed), acc = bool(accumulate)
+    cdef int act = ACTIVATIONS[activation]
+    if T and N:
+        if K == 0:  # an empty sum: the output is the bias
+            base = np.zeros(N, np.float32) if b is None else b
+            res = np.broadcast_to(base, (T, N))
+            if acc:
+                out += res
+            else:
+                out[...] = res
+            return out
+        with nogil:
+            linear(po, px, pw, pb, T, K, N, wt, act, acc, ps, nt)
+    return out
+
+
+def add_into(out, x, threads=None):
+    """out += x (the residual update), for float32 arrays of one shape."""
+    _checks.f32("add", "out", out, None, writable=True)
+    _checks.f32("add", "x", x, out.ndim)
+    _checks.shape("add", "x", x, out.shape)
+    _checks.no_overlap("add", "out", out, x=x)
+    cdef int nt = _checks.threads("add", threads)
+    cdef float* po = wptr(out)
+    cdef const float* px = cptr(x)
+    cdef Py_ssize_t n = out.size
+    with nogil:
+        add(po, px, n, nt)
+    return out
+
+
+def embedding(ids, wte, wpe, pos0=0, out=None, threads=None):
+    """out[t] = wte[ids[t]] + wpe[pos0 + t].  ids: 1-D integer array [T]."""
+    fn = "embedding"
+    _checks.f32(fn, "wte", wte, 2)
+    _checks.f32(fn, "wpe", wpe, 2)
+    cdef Py_ssize_t C = wte.shape[1]
+    _checks.same_dim(fn, "wpe", wpe, 1, C, "wte.shape[1]")
+    ids = _checks.token_ids(fn, "ids", ids, wte.shape[0], ndim=1)
+    cdef Py_ssize_t T = ids.shape[0]
+    if pos0 < 0 or pos0 + T > wpe.shape[0]:
+        raise ValueError(f"embedding: positions {pos0}..{pos0 + T - 1} exceed the "
+                         f"{wpe.shape[0]} rows of wpe")
+    if out is None:
+        out = np.empty((T, C), dtype=np.float32)
+    else:
+        _checks.f32(fn, "out", out, 2, writable=True)
+        _checks.shape(fn, "out", out, (T, C))
+    cdef int nt = _checks.threads(fn, threads)
+    cdef const long long[::1] vid = ids
+    cdef float* po = wptr(out)
+    cdef const float* pe = cptr(wte)
+    cdef const float* pp = cptr(wpe)
+    cdef Py_ssize_t p0 = pos0
+    if T:
+        with nogil:
+            embed(po, &vid[0], pe, pp, T, C, p0, nt)
+    return out

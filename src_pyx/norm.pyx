@@ -1,0 +1,78 @@
+"""Layer normalisation, one row (position) at a time."""
+
+from cython.parallel cimport prange
+from libc.math cimport sqrt
+
+import numpy as np
+
+from ._util cimport cptr, wptr
+
+from cyformer import _checks
+
+
+cdef void layer_norm(float* out, const float* x, const float* g, const float* b,
+                     Py_ssize_t T, Py_ssize_t C, float eps, float* scale,
+                     int nthreads) noexcept nogil:
+    cdef Py_ssize_t t, c
+    cdef const float* xr
+    cdef double mean, var, d, s
+    cdef float mu, rstd
+    for t in prange(T, num_threads=nthreads, schedule="static"):
+        xr = x + t * C
+        # Two passes in double: exact enough that a constant row gives var = 0
+        # (no cancellation), and the order is fixed per row.
+        mean = 0.0
+        for c in range(C):
+            mean = mean + xr[c]
+        mean = mean / C
+        var = 0.0
+        for c in range(C):
+            d = xr[c] - mean
+            var = var + d * d
+        var = var / C
+        s = sqrt(var + eps)
+        if scale != NULL:
+            scale[t] = <float>s
+        mu = <float>mean
+        rstd = <float>(1.0 / s)
+        for c in range(C):
+            out[t * C + c] = (xr[c] - mu) * rstd * g[c] + b[c]
+
+
+def layer_norm_forward(x, g, b, eps=1e-5, out=None, scale=None, threads=None):
+    """Layer norm over the last axis: x [T, C], g [C], b [C] -> out [T, C].
+
+    scale: optional float32 [T] that receives sqrt(var + eps) per row.
+    """
+    fn = "layer_norm"
+    _checks.f32(fn, "x", x, 2)
+    cdef Py_ssize_t T = x.shape[0], C = x.shape[1]
+    _checks.f32(fn, "g", g, 1)
+    _checks.same_dim(fn, "g", g, 0, C, "x.shape[1]")
+    _checks.f32(fn, "b", b, 1)
+    _checks.same_dim(fn, "b", b, 0, C, "x.shape[1]")
+    eps = float(eps)
+    if not (eps >= 0.0) or eps == float("inf"):
+        raise ValueError(f"layer_norm: eps must be finite and >= 0, got {eps}")
+    if C == 0:
+        raise ValueError("layer_norm: x has no features (C = 0)")
+    if out is None:
+        out = np.empty((T, C), dtype=np.float32)
+    else:
+        _checks.f32(fn, "out", out, 2, writable=True)
+        _checks.shape(fn, "out", out, (T, C))
+        _checks.no_overlap(fn, "out", out, g=g, b=b)
+    if scale is not None:
+        _checks.f32(fn, "scale", scale, 1, writable=True)
+        _checks.shape(fn, "scale", scale, (T,))
+    cdef int nt = _checks.threads(fn, threads)
+    cdef float* po = wptr(out)
+    cdef const float* px = cptr(x)
+    cdef const float* pg = cptr(g)
+    cdef const float* pb = cptr(b)
+    cdef float* ps = wptr(scale)
+    cdef float e = eps
+    if T:
+        with nogil:
+            layer_norm(po, px, pg, pb, T, C, e, ps, nt)
+    return out

@@ -1,0 +1,37 @@
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # for helpers.py
+
+from helpers import make_hf_checkpoint  # noqa: E402
+
+# Geometries compared with Hugging Face.  "odd" has 3 heads, a vocabulary that
+# is no multiple of 8 and n_inner != 4 C; "erf" uses the exact GELU.
+GEOMETRIES = {
+    "odd": dict(n_layer=2, n_embd=48, n_head=3, vocab_size=101, n_positions=40, n_inner=77),
+    "erf": dict(n_layer=3, n_embd=64, n_head=4, vocab_size=257, n_positions=67,
+                activation_function="gelu"),
+    "gpt2-small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024),
+}
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """checkpoint(name) -> (path, hf_model), built once per session."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            path = str(tmp_path_factory.mktemp(name))
+            made[name] = (path, make_hf_checkpoint(path, seed=len(made), **GEOMETRIES[name]))
+        return made[name]
+
+    return get
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

@@ -1,0 +1,57 @@
+"""Shared test utilities: random Hugging Face GPT-2 checkpoints on disk."""
+
+import json
+import os
+
+import numpy as np
+
+
+def make_hf_checkpoint(path, seed=0, tokenizer_dir=None, **geometry):
+    """Save a GPT2LMHeadModel with *every* tensor random (HF's init leaves
+    biases at 0 and layer-norm gains at 1, which would hide bugs in them).
+
+    Returns the HF model (eval mode) for reference computations.
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    v = geometry.get("vocab_size", 50257)
+    geometry.setdefault("bos_token_id", v - 1)
+    geometry.setdefault("eos_token_id", v - 1)
+    cfg = GPT2Config(**geometry)
+    model = GPT2LMHeadModel(cfg).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "transformer.ln_f.weight":
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif "wte" in name or "wpe" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                # ~1/sqrt(fan_in) keeps activations O(1) through the depth
+                fan_in = p.shape[0] if p.ndim == 2 else 64
+                p.copy_(torch.randn(p.shape, generator=gen) / np.sqrt(fan_in))
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    if tokenizer_dir is not None:
+        import shutil
+        shutil.copy(os.path.join(tokenizer_dir, "tokenizer.json"), path)
+    return model
+
+
+def hf_logits(model, ids):
+    import torch
+
+    with torch.no_grad():
+        t = torch.as_tensor(np.atleast_2d(ids), dtype=torch.long)
+        return model(t).logits.numpy()
+
+
+def edit_config(path, **changes):
+    p = os.path.join(path, "config.json")
+    with open(p) as f:
+        cfg = json.load(f)
+    cfg.update(changes)
+    with open(p, "w") as f:
+        json.dump(cfg, f)

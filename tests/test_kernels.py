@@ -1,0 +1,219 @@
+"""Every kernel against a NumPy reference, at 1 and 2 threads, odd sizes included.
+
+Tolerances: products and sums are compared with a float64 reference using the
+classic worst-case bound for a length-K float32 sum,
+    |err| <= K * 2^-23 * (|x| @ |W| + |b|)    (elementwise),
+which any indexing or masking bug exceeds by orders of magnitude.
+Pointwise functions: 1e-6 relative plus 1e-6 absolute.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from cyformer.kernels import activations, attention, linalg, mlp, norm
+
+EPS32 = 2.0 ** -23
+THREADS = [1, 2]
+
+
+def f32(rng, *shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def assert_sum_close(got, ref, bound_terms, K):
+    bound = max(K, 1) * EPS32 * bound_terms + 1e-30
+    err = np.abs(got.astype(np.float64) - ref)
+    worst = np.max(err / bound)
+    assert worst <= 1.0, f"error {err.max():.3g} exceeds the float32 sum bound (ratio {worst:.3g})"
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 100, 768])
+def test_dot(rng, n):
+    a, b = f32(rng, n), f32(rng, n)
+    ref = np.dot(a.astype(np.float64), b.astype(np.float64))
+    got = linalg.dot_product(a, b)
+    assert abs(got - ref) <= n * EPS32 * np.dot(np.abs(a), np.abs(b))
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("T,K,N", [(1, 1, 1), (1, 768, 2304), (2, 33, 17), (3, 64, 65),
+                                   (4, 5, 7), (7, 96, 40), (13, 128, 100), (64, 48, 144)])
+@pytest.mark.parametrize("w_t", [False, True])
+def test_linear(rng, threads, T, K, N, w_t):
+    x, W, b = f32(rng, T, K), f32(rng, K, N), f32(rng, N)
+    ref = x.astype(np.float64) @ W + b
+    Wk = np.ascontiguousarray(W.T) if w_t else W
+    got = linalg.linear_forward(x, Wk, b, w_transposed=w_t, threads=threads)
+    assert got.shape == (T, N) and got.dtype == np.float32
+    assert_sum_close(got, ref, np.abs(x) @ np.abs(W) + np.abs(b), K)
+    # no bias, accumulate into an existing array
+    out = f32(rng, T, N)
+    ref2 = out.astype(np.float64) + x.astype(np.float64) @ W
+    linalg.linear_forward(x, Wk, None, out=out, w_transposed=w_t, accumulate=True, threads=threads)
+    assert_sum_close(out, ref2, np.abs(x) @ np.abs(W) + np.abs(ref2), K + 1)
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu"])
+@pytest.mark.parametrize("T", [1, 9])
+def test_linear_fused_gelu(rng, act, T):
+    x, W, b = f32(rng, T, 40), f32(rng, 40, 50, scale=0.2), f32(rng, 50)
+    pre = x.astype(np.float64) @ W + b
+    got = linalg.linear_forward(x, W, b, activation=act)
+    np.testing.assert_allclose(got, gelu_ref(pre, act), rtol=1e-5, atol=1e-5)
+
+
+def gelu_ref(x, kind):
+    x = np.asarray(x, dtype=np.float64)
+    if kind == "gelu":
+        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("kind", ["gelu_new", "gelu"])
+def test_gelu(rng, threads, kind):
+    x = f32(rng, 1001, scale=3.0)
+    x[:4] = [0.0, -0.0, 30.0, -30.0]
+    ref = gelu_ref(x, kind)
+    got = activations.gelu_inplace(x.copy(), kind, threads=threads)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 1000)])
+def test_softmax(rng, threads, shape):
+    x = f32(rng, *shape, scale=10.0)
+    e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True)
+    got = activations.softmax_inplace(x.copy(), threads=threads)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_softmax_extremes():
+    x = np.array([[1e30, -1e30, 0.0], [-np.inf, 0.0, -np.inf], [-np.inf] * 3,
+                  [np.inf, 1.0, np.inf]], dtype=np.float32)
+    got = activations.softmax_inplace(x)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(got, [[1, 0, 0], [0, 1, 0], [1 / 3] * 3, [0.5, 0, 0.5]], atol=1e-7)
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("T,C", [(1, 1), (1, 768), (5, 7), (33, 48)])
+def test_layer_norm(rng, threads, T, C):
+    x, g, b = f32(rng, T, C, scale=3.0) + 2.0, f32(rng, C), f32(rng, C)
+    x64 = x.astype(np.float64)
+    mu, var = x64.mean(-1, keepdims=True), x64.var(-1, keepdims=True)
+    ref = (x64 - mu) / np.sqrt(var + 1e-5) * g + b
+    scale = np.empty(T, np.float32)
+    got = norm.layer_norm_forward(x, g, b, 1e-5, scale=scale, threads=threads)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(scale, np.sqrt(var[:, 0] + 1e-5), rtol=1e-6)
+
+
+def test_layer_norm_constant_row():
+    x = np.full((2, 64), 3.25, np.float32)
+    got = norm.layer_norm_forward(x, np.ones(64, np.float32), np.full(64, 0.5, np.float32))
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, 0.5)
+
+
+def attention_ref(qkv, k_past, v_past, H):
+    """Causal attention in float64 with explicit loops over heads.
+    k_past, v_past: [H, P, D] earlier positions.  Returns z [T, C], pattern [H, T, P+T]."""
+    T, C3 = qkv.shape
+    C = C3 // 3
+    D = C // H
+    q, k, v = (qkv[:, i * C:(i + 1) * C].astype(np.float64).reshape(T, H, D).transpose(1, 0, 2)
+               for i in range(3))
+    k = np.concatenate([k_past, k], axis=1)
+    v = np.concatenate([v_past, v], axis=1)
+    P = k_past.shape[1]
+    scores = q @ k.transpose(0, 2, 1) / math.sqrt(D)          # [H, T, P+T]
+    mask = np.arange(P + T)[None, :] > (P + np.arange(T))[:, None]
+    scores[:, mask] = -np.inf
+    pat = np.exp(scores - scores.max(-1, keepdims=True))
+    pat /= pat.sum(-1, keepdims=True)
+    z = (pat @ v).transpose(1, 0, 2).reshape(T, C)
+    return z, pat, scores
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("H,D,T,P,cap", [(1, 1, 1, 0, 1), (3, 16, 7, 0, 7), (2, 8, 1, 5, 9),
+                                         (4, 64, 13, 3, 20), (12, 64, 1, 30, 31)])
+def test_attention(rng, threads, H, D, T, P, cap):
+    C = H * D
+    qkv = f32(rng, T, 3 * C)
+    k_past, v_past = f32(rng, H, P, D), f32(rng, H, P, D)
+    k_cache = np.zeros((H, D, cap), np.float32)
+    v_cache = np.zeros((H, cap, D), np.float32)
+    k_cache[:, :, :P] = k_past.transpose(0, 2, 1)
+    v_cache[:, :P] = v_past
+    scores = np.empty((H, T, P + T), np.float32)
+    pattern = np.empty((H, T, P + T), np.float32)
+    z = attention.attention_forward(qkv, k_cache, v_cache, P, scores=scores, pattern=pattern,
+                                    threads=threads)
+    z_ref, pat_ref, scores_ref = attention_ref(qkv, k_past, v_past, H)
+    np.testing.assert_allclose(z, z_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pattern, pat_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scores, scores_ref, rtol=1e-5, atol=1e-5)
+    # the new keys and values landed in the cache at P..P+T-1
+    k_new = qkv[:, C:2 * C].reshape(T, H, D).transpose(1, 2, 0)
+    np.testing.assert_array_equal(k_cache[:, :, P:P + T], k_new)
+    np.testing.assert_array_equal(v_cache[:, P:P + T], qkv[:, 2 * C:].reshape(T, H, D).transpose(1, 0, 2))
+
+
+def test_attention_incremental_equals_full(rng):
+    """Prefill of T positions == feeding them one at a time through the cache."""
+    H, D, T = 3, 8, 6
+    qkv = f32(rng, T, 3 * H * D)
+    kf, vf = np.zeros((H, D, T), np.float32), np.zeros((H, T, D), np.float32)
+    full = attention.attention_forward(qkv, kf, vf, 0)
+    ki, vi = np.zeros_like(kf), np.zeros_like(vf)
+    steps = np.concatenate([attention.attention_forward(qkv[t:t + 1], ki, vi, t) for t in range(T)])
+    np.testing.assert_allclose(steps, full, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("act", ["gelu_new", "gelu"])
+@pytest.mark.parametrize("T,C,D", [(1, 8, 32), (5, 48, 77), (17, 64, 256)])
+def test_mlp(rng, threads, act, T, C, D):
+    x = f32(rng, T, C)
+    W_fc, b_fc = f32(rng, C, D, scale=C ** -0.5), f32(rng, D)
+    W_proj, b_proj = f32(rng, D, C, scale=D ** -0.5), f32(rng, C)
+    h = gelu_ref(x.astype(np.float64) @ W_fc + b_fc, act)
+    ref = h @ W_proj + b_proj
+    got = mlp.mlp_forward(x, W_fc, b_fc, W_proj, b_proj, activation=act, threads=threads)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    resid = f32(rng, T, C)
+    want = resid.astype(np.float64) + ref
+    mlp.mlp_forward(x, W_fc, b_fc, W_proj, b_proj, out=resid, activation=act, accumulate=True,
+                    threads=threads)
+    np.testing.assert_allclose(resid, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", THREADS)
+def test_add_and_embedding(rng, threads):
+    out, x = f32(rng, 5, 9), f32(rng, 5, 9)
+    want = out + x
+    linalg.add_into(out, x, threads=threads)
+    np.testing.assert_array_equal(out, want)
+    wte, wpe = f32(rng, 11, 6), f32(rng, 8, 6)
+    ids = np.array([3, 0, 10, 3])
+    got = linalg.embedding(ids, wte, wpe, pos0=2, threads=threads)
+    np.testing.assert_array_equal(got, wte[ids] + wpe[2:6])
+
+
+def test_kernels_bitwise_equal_across_threads(rng):
+    x, W, b = f32(rng, 37, 200), f32(rng, 200, 301), f32(rng, 301)
+    one = linalg.linear_forward(x, W, b, threads=1)
+    for n in (2, 3, 5):
+        assert np.array_equal(one, linalg.linear_forward(x, W, b, threads=n))
+    qkv = f32(rng, 9, 3 * 4 * 8)
+    outs = []
+    for n in (1, 2, 3):
+        k, v = np.zeros((4, 8, 9), np.float32), np.zeros((4, 9, 8), np.float32)
+        outs.append(attention.attention_forward(qkv, k, v, 0, threads=n))
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
