@@ -5,19 +5,29 @@ import os
 from .config import read_config
 from .errors import ModelLoadError
 from .model import Model
+from .tokenizer import load_tokenizer
 from .weights import load_weights
 
+DEFAULT_MODEL = "pycode"
 
-def load(path, *, threads=None):
-    """Load a GPT-2 checkpoint directory (config.json + model.safetensors).
+
+def default_model_path():
+    """The small code model that ships inside the package."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", DEFAULT_MODEL)
+
+
+def load(path=None, *, threads=None):
+    """Load a GPT-2 checkpoint directory: config.json, model.safetensors and,
+    when present, tokenizer.json.  With no path, the bundled default model.
 
     threads: kernel threads; default OMP_NUM_THREADS or the cores this
-    process may run on.  Raises ModelLoadError naming the file or tensor
+    process may run on.  Raises ModelLoadError naming the file, key or tensor
     that is missing or malformed.
     """
-    path = os.fspath(path)
+    path = default_model_path() if path is None else os.fspath(path)
     if not os.path.isdir(path):
         raise ModelLoadError(f"{path}: model directory not found")
     cfg = read_config(os.path.join(path, "config.json"))
     weights = load_weights(os.path.join(path, "model.safetensors"), cfg)
-    return Model(cfg, weights, threads=threads, path=path)
+    tokenizer = load_tokenizer(path)
+    return Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer)

@@ -17,7 +17,9 @@ import numpy as np
 from . import _checks
 from .config import Config
 from .kernels import activations, attention, linalg, mlp, norm
+from .generate import Generation, Stream
 from .kv_cache import KVCache
+from .tokenizer import NoTokenizer
 from .weights import BlockWeights, LayerNormWeights, Weights
 
 
@@ -96,10 +98,11 @@ class Model:
     size every kernel call uses; results do not depend on it.
     """
 
-    def __init__(self, cfg: Config, weights: Weights, threads=None, path=None):
+    def __init__(self, cfg: Config, weights: Weights, threads=None, path=None, tokenizer=None):
         self.config = cfg
         self.weights = weights
         self.path = path
+        self.tokenizer = tokenizer if tokenizer is not None else NoTokenizer(path)
         self.threads = _checks.threads("load", threads)
         self.blocks = [Block(i, w, cfg) for i, w in enumerate(weights.blocks)]
         self.ln_f = LayerNorm(weights.ln_f, cfg.layer_norm_epsilon)
@@ -123,6 +126,41 @@ class Model:
         return logits if batched else logits[0]
 
     __call__ = forward
+
+    # -- text -------------------------------------------------------------
+
+    def encode(self, text):
+        """str -> list of token ids (needs the checkpoint's tokenizer.json)."""
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids):
+        """token ids -> str (needs the checkpoint's tokenizer.json)."""
+        return self.tokenizer.decode(_checks.token_ids("decode", "ids", ids, self.config.vocab_size, ndim=1))
+
+    # -- generation -------------------------------------------------------
+
+    def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None,
+                 repetition_penalty=None, stop=None, seed=None):
+        """Continue ``prompt`` (a str, or a sequence of token ids).
+
+        Returns the new text (a str with ``.token_ids``, ``.finish_reason`` and
+        ``.stats``) for a str prompt, or the new token ids (a list with
+        ``.finish_reason`` and ``.stats``) for an ids prompt.
+        temperature 0 is greedy; ``seed`` makes sampling reproducible.  It stops
+        at max_new_tokens ("length"), the eos token ("eos"), a stop string or
+        stop token id ("stop"; a stop string is cut from the text), or when the
+        n_positions context is full ("context").
+        """
+        return Generation(self, prompt, max_new_tokens, temperature, top_k, top_p,
+                          repetition_penalty, stop, seed).result()
+
+    def stream(self, prompt, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None,
+               repetition_penalty=None, stop=None, seed=None):
+        """Like generate(), but yields pieces as they are produced: str pieces
+        (never splitting a UTF-8 character) for a str prompt, int ids for an
+        ids prompt.  The returned iterator has ``finish_reason`` once exhausted."""
+        return Stream(Generation(self, prompt, max_new_tokens, temperature, top_k, top_p,
+                                 repetition_penalty, stop, seed))
 
     def embed(self, ids, past, threads):
         """ids [T] -> resid [T, C] = wte[ids] + wpe[past : past + T]."""

@@ -32,6 +32,32 @@ def checkpoint(tmp_path_factory):
     return get
 
 
+TEXT = (
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n"
+    "Grüße aus Köln, 日本語のテキスト, emoji 🙂🚀 and ascii text to learn merges from.\n"
+) * 20
+
+
+@pytest.fixture(scope="session")
+def tokenized_checkpoint(tmp_path_factory):
+    """A random GPT-2 with a small byte-level BPE tokenizer trained here.
+    Returns (path, hf_model)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TEXT], trainer)
+    path = tmp_path_factory.mktemp("tokenized")
+    vocab = tok.get_vocab_size()
+    hf = make_hf_checkpoint(str(path), seed=7, n_layer=2, n_embd=32, n_head=2, vocab_size=vocab,
+                            n_positions=48, eos_token_id=0, bos_token_id=0)
+    tok.save(str(path / "tokenizer.json"))
+    return str(path), hf
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

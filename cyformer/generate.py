@@ -1,0 +1,194 @@
+"""Autoregressive generation with a key/value cache.
+
+The prompt runs once through the full (GEMM) path, filling a cache that this
+generation owns; every further token is one position through the
+matrix-vector path, attending over the cached keys and values.
+"""
+
+import numbers
+import time
+
+import numpy as np
+
+from . import _checks
+from .kv_cache import KVCache
+from .sampling import Sampler, SamplingParams
+
+# Why a generation ended.
+LENGTH = "length"    # max_new_tokens reached
+EOS = "eos"          # the model produced its end-of-sequence token
+STOP = "stop"        # a stop string (or stop token id) appeared
+CONTEXT = "context"  # the context window (n_positions) is full
+
+
+class GeneratedText(str):
+    """The generated text; also carries ``token_ids``, ``finish_reason`` and ``stats``."""
+
+    token_ids: list
+    finish_reason: str
+    stats: dict
+
+
+class GeneratedIds(list):
+    """The generated token ids; also carries ``finish_reason`` and ``stats``."""
+
+    finish_reason: str
+    stats: dict
+
+
+def _check_stop(stop, has_text):
+    if stop is None:
+        return [], set()
+    items = [stop] if isinstance(stop, (str, numbers.Integral)) else list(stop)
+    strings, ids = [], set()
+    for s in items:
+        if isinstance(s, str):
+            if not s:
+                raise ValueError("stop strings must be non-empty")
+            strings.append(s)
+        elif isinstance(s, numbers.Integral) and not isinstance(s, bool):
+            ids.add(int(s))
+        else:
+            raise ValueError(f"stop must hold strings or token ids, got {s!r}")
+    if strings and not has_text:
+        raise ValueError("stop strings need a tokenizer; pass stop token ids instead")
+    return strings, ids
+
+
+class Generation:
+    """One generation, iterated token by token.
+
+    Iterating yields ``(token_id, text_piece)``; text pieces are '' while a
+    multi-byte character is incomplete or while text might be the start of a
+    stop string.  After the loop, ``finish_reason`` says why it ended.
+    """
+
+    def __init__(self, model, prompt, max_new_tokens=64, temperature=0.0, top_k=None,
+                 top_p=None, repetition_penalty=None, stop=None, seed=None):
+        cfg = model.config
+        self.model = model
+        self.text_mode = isinstance(prompt, str)
+        if self.text_mode:
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            prompt_ids = model.tokenizer.encode(prompt)
+        else:
+            prompt_ids = prompt
+        ids = _checks.token_ids("generate", "prompt", prompt_ids, cfg.vocab_size, ndim=1)
+        if ids.size == 0:
+            raise ValueError("prompt must hold at least one token")
+        if ids.size > cfg.n_positions:
+            raise ValueError(f"prompt has {ids.size} tokens, more than n_positions={cfg.n_positions}")
+        self.max_new_tokens = _checks.integer("generate", "max_new_tokens", max_new_tokens)
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        self.params = SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
+        has_text = self.text_mode or model.tokenizer.available
+        self.stop_strings, self.stop_ids = _check_stop(stop, has_text)
+        self.prompt_ids = ids
+        self.tokens = []
+        self.finish_reason = None
+        self.stats = {}
+
+    def __iter__(self):
+        model, cfg = self.model, self.model.config
+        sampler = Sampler(self.params)
+        context = list(self.prompt_ids)
+        decoder = model.tokenizer.stream() if (self.text_mode or self.stop_strings) else None
+        text, emitted = "", 0  # generated text so far, and how much of it was yielded
+        hold = max((len(s) for s in self.stop_strings), default=1) - 1
+        t0 = time.perf_counter()
+        kv = KVCache(cfg)  # owned by this generation, sized for the whole context
+        logits = model.run(self.prompt_ids, kv, model.threads, last_only=True)[-1]
+        t_first = time.perf_counter()
+        reason = LENGTH
+        while len(self.tokens) < self.max_new_tokens:
+            tok = sampler(logits, context)
+            if tok == cfg.eos_token_id:
+                reason = EOS
+                break
+            if tok in self.stop_ids:
+                reason = STOP
+                break
+            self.tokens.append(tok)
+            context.append(tok)
+            piece = ""
+            if decoder is not None:
+                text += decoder.push(tok)
+                cut = min((i for i in (text.find(s) for s in self.stop_strings) if i >= 0), default=-1)
+                if cut >= 0:
+                    text = text[:cut]
+                    reason = STOP
+                    yield tok, text[emitted:]
+                    emitted = len(text)
+                    break
+                # keep back a tail that could still grow into a stop string
+                safe = len(text) - hold if self.stop_strings else len(text)
+                piece, emitted = text[emitted:max(safe, emitted)], max(safe, emitted)
+            yield tok, piece
+            if kv.length >= cfg.n_positions:
+                reason = CONTEXT if len(self.tokens) < self.max_new_tokens else LENGTH
+                break
+            if len(self.tokens) >= self.max_new_tokens:
+                break
+            logits = model.run(np.array([tok], dtype=np.int64), kv, model.threads, last_only=True)[0]
+        if decoder is not None and reason != STOP:
+            text += decoder.flush()
+            if emitted < len(text):
+                yield None, text[emitted:]
+                emitted = len(text)
+        self.text = text
+        self.finish_reason = reason
+        t_end = time.perf_counter()
+        n = len(self.tokens)
+        self.stats = {
+            "prompt_tokens": int(self.prompt_ids.size),
+            "new_tokens": n,
+            "time_to_first_token_s": t_first - t0,
+            "total_s": t_end - t0,
+            "decode_tokens_per_s": (n - 1) / (t_end - t_first) if n > 1 and t_end > t_first else None,
+            "finish_reason": reason,
+        }
+
+    def result(self):
+        """Run to the end and return GeneratedText or GeneratedIds."""
+        for _ in self:
+            pass
+        if self.text_mode:
+            out = GeneratedText(self.text)
+            out.token_ids = list(self.tokens)
+        else:
+            out = GeneratedIds(self.tokens)
+        out.finish_reason = self.finish_reason
+        out.stats = self.stats
+        return out
+
+
+class Stream:
+    """Iterator over generated pieces: str for a text prompt, int ids for an
+    ids prompt.  ``finish_reason`` and ``stats`` are set once it is exhausted."""
+
+    def __init__(self, generation: Generation):
+        self.generation = generation
+        self._it = iter(generation)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        g = self.generation
+        while True:
+            tok, piece = next(self._it)
+            if g.text_mode:
+                if piece:
+                    return piece
+            elif tok is not None:
+                return tok
+
+    @property
+    def finish_reason(self):
+        return self.generation.finish_reason
+
+    @property
+    def stats(self):
+        return self.generation.stats
