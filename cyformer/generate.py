@@ -11,7 +11,6 @@ import time
 import numpy as np
 
 from . import _checks
-from .kv_cache import KVCache
 from .sampling import Sampler, SamplingParams
 
 # Why a generation ended.
@@ -98,8 +97,9 @@ class Generation:
         text, emitted = "", 0  # generated text so far, and how much of it was yielded
         hold = max((len(s) for s in self.stop_strings), default=1) - 1
         t0 = time.perf_counter()
-        kv = KVCache(cfg)  # owned by this generation, sized for the whole context
-        logits = model.run(self.prompt_ids, kv, model.threads, last_only=True)[-1]
+        backend = model.backend
+        kv = backend.new_cache(cfg.n_positions)  # owned by this generation, sized for the whole context
+        logits = backend.run(self.prompt_ids, kv, last_only=True)[-1]
         t_first = time.perf_counter()
         reason = LENGTH
         while len(self.tokens) < self.max_new_tokens:
@@ -131,7 +131,7 @@ class Generation:
                 break
             if len(self.tokens) >= self.max_new_tokens:
                 break
-            logits = model.run(np.array([tok], dtype=np.int64), kv, model.threads, last_only=True)[0]
+            logits = backend.run(np.array([tok], dtype=np.int64), kv, last_only=True)[0]
         if decoder is not None and reason != STOP:
             text += decoder.flush()
             if emitted < len(text):

@@ -16,12 +16,13 @@ def default_model_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", DEFAULT_MODEL)
 
 
-def load(path=None, *, threads=None):
+def load(path=None, *, threads=None, backend="cython"):
     """Load a GPT-2 checkpoint directory: config.json, model.safetensors and,
     when present, tokenizer.json.  With no path, the bundled default model.
 
     threads: kernel threads; default OMP_NUM_THREADS or the cores this
-    process may run on.  Raises ModelLoadError naming the file, key or tensor
+    process may run on.  backend: "cython" (compiled kernels, default),
+    "numpy" (vectorised reference) or "naive" (pure-Python teaching code).  Raises ModelLoadError naming the file, key or tensor
     that is missing or malformed.
     """
     path = default_model_path() if path is None else os.fspath(path)
@@ -30,4 +31,4 @@ def load(path=None, *, threads=None):
     cfg = read_config(os.path.join(path, "config.json"))
     weights = load_weights(os.path.join(path, "model.safetensors"), cfg)
     tokenizer = load_tokenizer(path)
-    return Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer)
+    return Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend)
