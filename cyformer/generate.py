@@ -3,6 +3,10 @@
 The prompt runs once through the full (GEMM) path, filling a cache that this
 generation owns; every further token is one position through the
 matrix-vector path, attending over the cached keys and values.
+
+With ``cache_names`` each of those runs also goes through the named hook
+points (cyformer.interp.hooks), and the activations of every step are joined
+along the position axis: the decode's own activations, not a re-run.
 """
 
 import numbers
@@ -21,18 +25,21 @@ CONTEXT = "context"  # the context window (n_positions) is full
 
 
 class GeneratedText(str):
-    """The generated text; also carries ``token_ids``, ``finish_reason`` and ``stats``."""
+    """The generated text; also carries ``token_ids``, ``finish_reason``, ``stats``
+    and ``cache`` (activations asked for with cache_names, else None)."""
 
     token_ids: list
     finish_reason: str
     stats: dict
+    cache: dict
 
 
 class GeneratedIds(list):
-    """The generated token ids; also carries ``finish_reason`` and ``stats``."""
+    """The generated token ids; also carries ``finish_reason``, ``stats`` and ``cache``."""
 
     finish_reason: str
     stats: dict
+    cache: dict
 
 
 def _check_stop(stop, has_text):
@@ -63,7 +70,7 @@ class Generation:
     """
 
     def __init__(self, model, prompt, max_new_tokens=64, temperature=0.0, top_k=None,
-                 top_p=None, repetition_penalty=None, stop=None, seed=None):
+                 top_p=None, repetition_penalty=None, stop=None, seed=None, cache_names=None):
         cfg = model.config
         self.model = model
         self.text_mode = isinstance(prompt, str)
@@ -88,6 +95,24 @@ class Generation:
         self.tokens = []
         self.finish_reason = None
         self.stats = {}
+        self.hooks = None  # HookPoints recording cache_names, when asked
+        self.cache = None
+        if cache_names is not None:
+            from .interp.hooks import HookPoints, select
+
+            if not getattr(model.backend, "supports_hooks", False):
+                raise ValueError(f"generate: cache_names needs a backend with hook points; "
+                                 f"the {model.backend.name!r} backend has none")
+            self.hooks = HookPoints(cfg, select(cfg, cache_names, "generate"))
+
+    def _run(self, ids, kv, steps):
+        """Logits of the last of ``ids`` fed after the cached positions."""
+        if self.hooks is None:
+            return self.model.backend.run(ids, kv, last_only=True)[-1]
+        hooks = self.hooks.fresh()
+        logits = self.model.backend.run(ids, kv, last_only=True, hooks=hooks)[-1]
+        steps.append(hooks.cache)
+        return logits
 
     def __iter__(self):
         model, cfg = self.model, self.model.config
@@ -97,9 +122,9 @@ class Generation:
         text, emitted = "", 0  # generated text so far, and how much of it was yielded
         hold = max((len(s) for s in self.stop_strings), default=1) - 1
         t0 = time.perf_counter()
-        backend = model.backend
-        kv = backend.new_cache(cfg.n_positions)  # owned by this generation, sized for the whole context
-        logits = backend.run(self.prompt_ids, kv, last_only=True)[-1]
+        kv = model.backend.new_cache(cfg.n_positions)  # owned by this generation, sized for the whole context
+        steps = []  # per-run activation caches, with cache_names
+        logits = self._run(self.prompt_ids, kv, steps)
         t_first = time.perf_counter()
         reason = LENGTH
         while len(self.tokens) < self.max_new_tokens:
@@ -131,7 +156,7 @@ class Generation:
                 break
             if len(self.tokens) >= self.max_new_tokens:
                 break
-            logits = backend.run(np.array([tok], dtype=np.int64), kv, last_only=True)[0]
+            logits = self._run(np.array([tok], dtype=np.int64), kv, steps)
         if decoder is not None and reason != STOP:
             text += decoder.flush()
             if emitted < len(text):
@@ -149,6 +174,13 @@ class Generation:
             "decode_tokens_per_s": (n - 1) / (t_end - t_first) if n > 1 and t_end > t_first else None,
             "finish_reason": reason,
         }
+        if self.hooks is not None:
+            # The last token was sampled but never fed; feed it so that its
+            # position has activations too (when the context has room).
+            if self.tokens and kv.length < self.prompt_ids.size + n and kv.length < cfg.n_positions:
+                self._run(np.array(self.tokens[-1:], dtype=np.int64), kv, steps)
+            from .interp.hooks import concat_steps
+            self.cache = concat_steps(steps, kv.length)
 
     def result(self):
         """Run to the end and return GeneratedText or GeneratedIds."""
@@ -161,6 +193,7 @@ class Generation:
             out = GeneratedIds(self.tokens)
         out.finish_reason = self.finish_reason
         out.stats = self.stats
+        out.cache = self.cache
         return out
 
 

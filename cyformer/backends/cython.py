@@ -10,10 +10,18 @@ The model is a residual stream that every layer reads from and adds into:
 
 Shapes: T positions, C = d_model, H heads, D = d_head, V vocabulary.
 All numeric work happens in the kernels; this module only allocates and calls.
+
+``run(..., hooks=...)`` takes a second, unfused path that reports named
+activations (cyformer.interp.hooks) and takes replacements for them.  It
+computes extra products only for the points ``hooks.wants``, and it never
+writes to an array after handing it to a hook, so a cache can keep the
+arrays themselves.  Without hooks the fused path below runs unchanged.
 """
 
+import numpy as np
+
 from ..config import Config
-from ..kernels import attention, linalg, mlp, norm
+from ..kernels import activations, attention, linalg, mlp, norm
 from ..kv_cache import KVCache
 from ..weights import BlockWeights, LayerNormWeights, Weights
 
@@ -26,6 +34,19 @@ class LayerNorm:
         """x [T, C] -> normalised [T, C]; ``scale`` [T] receives sqrt(var + eps)."""
         return norm.layer_norm_forward(x, self.w.weight, self.w.bias, self.eps,
                                        out=out, scale=scale, threads=threads)
+
+    def hooked(self, x, threads, hooks, prefix):
+        """ln(x) reporting ``{prefix}hook_scale`` [T, 1] and ``{prefix}hook_normalized``."""
+        if not hooks.wants(prefix + "hook_scale"):
+            return hooks(prefix + "hook_normalized", self(x, threads))
+        scale = np.empty(len(x), dtype=np.float32)
+        out = self(x, threads, scale=scale)
+        scale = scale[:, None]
+        new = hooks(prefix + "hook_scale", scale)
+        if new is not scale:  # a frozen or patched scale: normalise by it instead
+            centred = x - x.mean(axis=1, keepdims=True, dtype=np.float64)
+            out = (centred / new * self.w.weight + self.w.bias).astype(np.float32)
+        return hooks(prefix + "hook_normalized", out)
 
 
 class Attention:
@@ -53,6 +74,63 @@ class Attention:
         z = self.mix(self.qkv(x, threads), k_cache, v_cache, past, threads)
         return self.out(z, threads, resid)
 
+    def head_writes(self, z, threads):
+        """z [T, C] -> [H, T, C]: head h's write z_h @ W_O[h], one product per head.
+
+        W_O[h] is the h-th block of D rows of c_proj's weight, already
+        contiguous; z_h is gathered into [H, T, D] once.  The writes sum over
+        heads (plus the bias) to the attention update.
+        """
+        H, D = self.n_head, self.d_head
+        T, C = z.shape
+        z_heads = np.ascontiguousarray(z.reshape(T, H, D).transpose(1, 0, 2))
+        out = np.empty((H, T, C), dtype=np.float32)
+        W = self.c_proj.weight
+        for h in range(H):
+            linalg.linear_forward(z_heads[h], W[h * D:(h + 1) * D], None, out=out[h], threads=threads)
+        return out
+
+    def hooked(self, x, k_cache, v_cache, past, threads, hooks, prefix):
+        """z [T, C] from x [T, C], reporting q, k, v, scores, pattern and z.
+
+        A replaced score or pattern is applied by recomputing z = pattern @ v
+        from the cache; replaced q/k/v go in before the kernel runs.
+        """
+        H, D = self.n_head, self.d_head
+        T, C = len(x), H * D
+        qkv = self.qkv(x, threads)
+        copied = False
+        for j, point in enumerate(("hook_q", "hook_k", "hook_v")):
+            if hooks.wants(prefix + point):
+                part = qkv[:, j * C:(j + 1) * C].reshape(T, H, D)
+                new = hooks(prefix + point, part)
+                if new is not part:
+                    if not copied:  # views already handed out keep the old values
+                        qkv, copied = qkv.copy(), True
+                    qkv[:, j * C:(j + 1) * C] = new.reshape(T, C)
+        S = past + T
+        want_scores = hooks.wants(prefix + "hook_attn_scores")
+        want_pattern = hooks.wants(prefix + "hook_pattern")
+        scores = np.empty((H, T, S), dtype=np.float32) if want_scores else None
+        pattern = np.empty((H, T, S), dtype=np.float32) if want_pattern else None
+        z = self.mix(qkv, k_cache, v_cache, past, threads, scores=scores, pattern=pattern)
+        changed = False
+        if want_scores:
+            new = hooks(prefix + "hook_attn_scores", scores)
+            if new is not scores:
+                pattern = activations.softmax_inplace(new.copy(), threads=threads)
+                changed = True
+        if want_pattern:
+            new = hooks(prefix + "hook_pattern", pattern)
+            changed = changed or new is not pattern
+            pattern = new
+        if changed:
+            z_heads = np.matmul(pattern, v_cache[:, :S, :])  # [H, T, D]
+            z = np.ascontiguousarray(z_heads.transpose(1, 0, 2)).reshape(T, C)
+        zv = z.reshape(T, H, D)
+        new = hooks(prefix + "hook_z", zv)
+        return z if new is zv else new.reshape(T, C)
+
 
 class MLP:
     """Two linear maps with a GELU between: d_mlp neurons, each reading from and
@@ -67,12 +145,42 @@ class MLP:
                                self.c_proj.bias, out=resid, activation=self.act,
                                accumulate=resid is not None, threads=threads)
 
+    def hooked(self, x, threads, hooks, prefix, resid):
+        """A copy of ``resid`` with the MLP update added, reporting
+        ``mlp.hook_pre``, ``mlp.hook_post`` and ``hook_mlp_out`` on the way."""
+        post = None
+        if hooks.wants(prefix + "mlp.hook_pre"):
+            pre = hooks(prefix + "mlp.hook_pre",
+                        linalg.linear_forward(x, self.c_fc.weight, self.c_fc.bias, threads=threads))
+            post = activations.gelu_inplace(pre.copy(), kind=self.act, threads=threads)
+        elif hooks.wants(prefix + "mlp.hook_post"):
+            post = linalg.linear_forward(x, self.c_fc.weight, self.c_fc.bias,
+                                         activation=self.act, threads=threads)
+        if post is not None:
+            post = hooks(prefix + "mlp.hook_post", post)
+        replaced = None
+        if hooks.wants(prefix + "hook_mlp_out"):
+            out = self(x, threads) if post is None else linalg.linear_forward(
+                post, self.c_proj.weight, self.c_proj.bias, threads=threads)
+            new = hooks(prefix + "hook_mlp_out", out)
+            replaced = None if new is out else new
+        resid = resid.copy()
+        if replaced is not None:
+            resid += replaced
+        elif post is not None:  # the fused kernel's second product, accumulating
+            linalg.linear_forward(post, self.c_proj.weight, self.c_proj.bias, out=resid,
+                                  accumulate=True, threads=threads)
+        else:
+            self(x, threads, resid=resid)
+        return resid
+
 
 class Block:
     """One residual block: an attention update, then an MLP update."""
 
     def __init__(self, index: int, w: BlockWeights, cfg: Config):
         self.index = index
+        self.prefix = f"blocks.{index}."
         self.ln_1 = LayerNorm(w.ln_1, cfg.layer_norm_epsilon)
         self.attn = Attention(w, cfg)
         self.ln_2 = LayerNorm(w.ln_2, cfg.layer_norm_epsilon)
@@ -85,11 +193,44 @@ class Block:
         self.mlp(self.ln_2(resid, threads), threads, resid=resid)
         return resid
 
+    def hooked(self, resid, kv: KVCache, past, threads, hooks):
+        """The same block through named hook points; returns a new resid.
+
+        An update (or a part of it) is computed on its own only when it is
+        wanted, and the residual stream still takes the fused kernels' own
+        accumulating sums, so hooks that return None change no bit of it.
+        """
+        p = self.prefix
+        k_cache, v_cache = kv.layer(self.index)
+        resid = hooks(p + "hook_resid_pre", resid)
+        z = self.attn.hooked(self.ln_1.hooked(resid, threads, hooks, p + "ln1."),
+                             k_cache, v_cache, past, threads, hooks, p + "attn.")
+        replaced = None  # an attention update other than the kernels' own
+        if hooks.wants(p + "attn.hook_result"):
+            writes = self.attn.head_writes(z, threads).transpose(1, 0, 2)  # [T, H, C]
+            new = hooks(p + "attn.hook_result", writes)
+            if new is not writes:
+                replaced = new.sum(axis=1, dtype=np.float32) + self.attn.c_proj.bias
+        if hooks.wants(p + "hook_attn_out"):
+            out = self.attn.out(z, threads) if replaced is None else replaced
+            new = hooks(p + "hook_attn_out", out)
+            if new is not out:
+                replaced = new
+        resid = resid.copy()
+        if replaced is None:
+            self.attn.out(z, threads, resid=resid)
+        else:
+            resid += replaced
+        resid = hooks(p + "hook_resid_mid", resid)
+        x = self.ln_2.hooked(resid, threads, hooks, p + "ln2.")
+        return hooks(p + "hook_resid_post", self.mlp.hooked(x, threads, hooks, p, resid))
+
 
 class CythonBackend:
     """Embedding, blocks, final layer norm and unembedding over loaded weights."""
 
     name = "cython"
+    supports_hooks = True  # run(..., hooks=) takes the hooked path
 
     def __init__(self, cfg: Config, weights: Weights, threads: int):
         self.config = cfg
@@ -109,9 +250,13 @@ class CythonBackend:
         """x [T, C] (after ln_f) -> logits [T, V] = x @ lm_head.T."""
         return linalg.linear_forward(x, self.weights.lm_head, None, w_transposed=True, threads=threads)
 
-    def run(self, ids, kv: KVCache, last_only=False):
+    def run(self, ids, kv: KVCache, last_only=False, hooks=None):
         """Feed token ids [T] (already validated) after the kv.length cached
-        positions; returns logits [T, V] (or [1, V] with last_only)."""
+        positions; returns logits [T, V] (or [1, V] with last_only).
+
+        hooks: a cyformer.interp.hooks.HookPoints to run the hooked path."""
+        if hooks is not None:
+            return self._run_hooked(ids, kv, last_only, hooks)
         threads = self.threads
         past = kv.length
         resid = self.embed(ids, past, threads)
@@ -121,3 +266,22 @@ class CythonBackend:
         if last_only:
             resid = resid[-1:]
         return self.unembed(self.ln_f(resid, threads), threads)
+
+    def _run_hooked(self, ids, kv: KVCache, last_only, hooks):
+        threads = self.threads
+        past = kv.length
+        if hooks.wants("hook_embed") or hooks.wants("hook_pos_embed"):
+            tok = hooks("hook_embed", self.weights.wte[ids])
+            pos = hooks("hook_pos_embed", self.weights.wpe[past:past + len(ids)].copy())
+            resid = tok + pos  # the embedding kernel's sum, element for element
+        else:
+            resid = self.embed(ids, past, threads)
+        for block in self.blocks:
+            resid = block.hooked(resid, kv, past, threads, hooks)
+        kv.length = past + len(ids)
+        if hooks.wants("ln_final.hook_scale") or hooks.wants("ln_final.hook_normalized"):
+            x = self.ln_f.hooked(resid, threads, hooks, "ln_final.")
+            x = x[-1:] if last_only else x
+        else:
+            x = self.ln_f(resid[-1:] if last_only else resid, threads)
+        return self.unembed(x, threads)

@@ -1,0 +1,84 @@
+"""What caching every activation costs next to a plain forward pass.
+
+    python -m cyformer.interp.cost --tokens 128 --repeats 7
+
+builds a GPT-2-small geometry with random weights in memory (nothing is read
+from disk), then times ``forward`` and ``run_with_cache`` (all hook points)
+interleaved, after a warm-up, and reports the median times and their ratio.
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+from ..config import Config
+from ..weights import BlockWeights, LayerNormWeights, LinearWeights, Weights
+
+
+def random_model(cfg=None, seed=0, threads=None):
+    """A Model of ``cfg`` (default: GPT-2 small) with random weights."""
+    from ..model import Model
+
+    cfg = cfg or Config()
+    rng = np.random.default_rng(seed)
+    C, M = cfg.n_embd, cfg.d_mlp
+
+    def arr(*shape, scale=0.02):
+        a = rng.standard_normal(shape, dtype=np.float32)
+        a *= scale
+        a.flags.writeable = False
+        return a
+
+    def ln():
+        return LayerNormWeights(arr(C, scale=0.1) + np.float32(1.0), arr(C))
+
+    blocks = tuple(BlockWeights(ln_1=ln(), c_attn=LinearWeights(arr(C, 3 * C), arr(3 * C)),
+                                attn_c_proj=LinearWeights(arr(C, C), arr(C)), ln_2=ln(),
+                                c_fc=LinearWeights(arr(C, M), arr(M)),
+                                mlp_c_proj=LinearWeights(arr(M, C), arr(C)))
+                   for _ in range(cfg.n_layer))
+    wte = arr(cfg.vocab_size, C)
+    weights = Weights(wte=wte, wpe=arr(cfg.n_positions, C), blocks=blocks, ln_f=ln(), lm_head=wte)
+    return Model(cfg, weights, threads=threads)
+
+
+def cache_overhead(model=None, tokens=128, repeats=7, seed=0):
+    """Median seconds of forward and of run_with_cache(names=None) on one
+    random sequence, interleaved after a warm-up; returns a dict with both
+    and their ratio."""
+    model = model or random_model()
+    ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, size=tokens)
+    model.forward(ids)
+    model.run_with_cache(ids)
+    plain, cached = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.forward(ids)
+        t1 = time.perf_counter()
+        _, cache = model.run_with_cache(ids)
+        t2 = time.perf_counter()
+        del cache
+        plain.append(t1 - t0)
+        cached.append(t2 - t1)
+    p, c = float(np.median(plain)), float(np.median(cached))
+    return {"tokens": tokens, "threads": model.threads, "forward_s": p, "run_with_cache_s": c,
+            "ratio": c / p}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m cyformer.interp.cost", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[128])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    model = random_model(threads=args.threads)
+    print(f"GPT-2-small geometry, random weights, threads {model.threads}")
+    print(f"{'tokens':>7} {'forward ms':>11} {'cache-all ms':>13} {'ratio':>6}")
+    for T in args.tokens:
+        r = cache_overhead(model, T, args.repeats)
+        print(f"{T:>7} {r['forward_s'] * 1e3:>11.1f} {r['run_with_cache_s'] * 1e3:>13.1f} {r['ratio']:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()

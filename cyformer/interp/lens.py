@@ -1,0 +1,193 @@
+"""Reading the residual stream in token space: the logit lens and direct logit attribution.
+
+logits = ln_f(resid_final) @ lm_head.T, and resid_final is a sum: the
+embeddings plus every attention head's write, every layer's attention bias
+and every MLP layer's output.
+
+Logit lens (nostalgebraist, 2020): put the residual stream after each layer
+through ln_f and the unembedding as if it were the last, and see which tokens
+it already favours.
+
+Direct logit attribution: ln_f(x) = (x - mean(x)) / s * g + b is linear in x
+once the scale s = sqrt(var(x) + eps) is frozen at its value in the actual
+run (as TransformerLens does).  Centring is linear too, so each component
+c contributes
+
+    (c - mean(c)) / s . (g * u_t)        u_t = lm_head[t]
+
+to token t's logit, and the contributions plus b . u_t add up to the logit.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+
+from ..kernels import linalg, norm
+
+
+def token_labels(model, ids):
+    """One printable label per token: its text when there is a tokenizer, else its id."""
+    ids = [int(i) for i in ids]
+    if not model.tokenizer.available:
+        return [str(i) for i in ids]
+    return [model.tokenizer.decode([i]) for i in ids]
+
+
+def _as_ids(model, prompt, fn):
+    if isinstance(prompt, str):
+        prompt = model.encode(prompt)
+    from ..model import check_ids
+    ids, batched = check_ids(prompt, model.config, fn)
+    if batched:
+        raise ValueError(f"{fn}: takes one sequence (1-D ids or a str), got shape {ids.shape}")
+    return ids[0]
+
+
+@dataclass
+class LogitLens:
+    """Top-k tokens of each layer's residual stream read through ln_f and the unembedding.
+
+    Row 0 of every array reads the embeddings, row i + 1 the stream after
+    block i (labels "embed", "L0", ...); the last row is the final stream,
+    whose lens is the model's own prediction.  ids [T] the input; top_ids [L+1, T, k]; top_probs
+    [L+1, T, k] softmax probabilities; labels: row names; tokens [L+1][T][k]
+    the decoded top tokens (ids as text when there is no tokenizer).
+    """
+
+    ids: np.ndarray
+    input_tokens: List[str]
+    labels: List[str]
+    top_ids: np.ndarray
+    top_probs: np.ndarray
+    tokens: List[List[List[str]]]
+
+    def format(self, width=10):
+        """A table: one row per layer, one column per position, the top-1 token in each cell."""
+        def cell(text):
+            text = repr(text)[1:-1]
+            return (text if len(text) <= width else text[:width - 1] + "~").ljust(width)
+
+        head = " " * 8 + " ".join(cell(t) for t in self.input_tokens)
+        rows = [head, "-" * len(head)]
+        for r, label in enumerate(self.labels):
+            rows.append(label.ljust(8) + " ".join(cell(self.tokens[r][t][0])
+                                                  for t in range(len(self.input_tokens))))
+        return "\n".join(rows)
+
+
+def logit_lens(model, prompt, k=5):
+    """The logit lens of one sequence (a str or 1-D ids); returns a LogitLens."""
+    ids = _as_ids(model, prompt, "logit_lens")
+    cfg = model.config
+    if not 1 <= int(k) <= cfg.vocab_size:
+        raise ValueError(f"logit_lens: k must be in [1, {cfg.vocab_size}], got {k}")
+    k = int(k)
+    L = cfg.n_layer
+    names = [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    _, cache = model.run_with_cache(ids, names=names)
+    T = len(ids)
+    top_ids = np.empty((L + 1, T, k), dtype=np.int64)
+    top_probs = np.empty((L + 1, T, k), dtype=np.float32)
+    ln = model.weights.ln_f
+    for r, name in enumerate(names):
+        x = norm.layer_norm_forward(cache[name], ln.weight, ln.bias, cfg.layer_norm_epsilon,
+                                    threads=model.threads)
+        logits = linalg.linear_forward(x, model.weights.lm_head, None, w_transposed=True,
+                                       threads=model.threads)
+        top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(logits, top, axis=1), axis=1, kind="stable")
+        top_ids[r] = np.take_along_axis(top, order, axis=1)
+        shifted = np.exp(logits - logits.max(axis=1, keepdims=True), dtype=np.float64)
+        probs = shifted / shifted.sum(axis=1, keepdims=True)
+        top_probs[r] = np.take_along_axis(probs, top_ids[r], axis=1)
+    labels = ["embed"] + [f"L{i}" for i in range(L)]
+    tokens = [[token_labels(model, top_ids[r, t]) for t in range(T)] for r in range(L + 1)]
+    return LogitLens(ids=ids, input_tokens=token_labels(model, ids), labels=labels,
+                     top_ids=top_ids, top_probs=top_probs, tokens=tokens)
+
+
+@dataclass
+class LogitAttribution:
+    """Direct contributions to one token's logit at one position.
+
+    embed, pos_embed: floats; heads [L, H]; attn_bias [L] (each layer's
+    c_proj bias); mlp [L]; ln_final_bias: b . u_t.  ``total()`` adds them
+    all; ``logit`` is the model's actual logit, equal to total() up to
+    rounding.  All float64.
+    """
+
+    token: int
+    position: int
+    logit: float
+    embed: float
+    pos_embed: float
+    heads: np.ndarray
+    attn_bias: np.ndarray
+    mlp: np.ndarray
+    ln_final_bias: float
+
+    def total(self):
+        return (self.embed + self.pos_embed + self.heads.sum() + self.attn_bias.sum()
+                + self.mlp.sum() + self.ln_final_bias)
+
+    def items(self):
+        """(label, contribution) for every component, in model order."""
+        out = [("embed", self.embed), ("pos_embed", self.pos_embed)]
+        for i in range(len(self.mlp)):
+            out += [(f"L{i}H{h}", float(v)) for h, v in enumerate(self.heads[i])]
+            out += [(f"L{i} attn bias", float(self.attn_bias[i])), (f"L{i} mlp", float(self.mlp[i]))]
+        return out + [("ln_final bias", self.ln_final_bias)]
+
+    def top(self, n=10):
+        """The n components with the largest |contribution|."""
+        return sorted(self.items(), key=lambda kv: -abs(kv[1]))[:n]
+
+
+def direct_logit_attribution(model, prompt, token, position=-1, cache=None):
+    """Split token's logit at ``position`` into its direct contributions.
+
+    prompt: a str or 1-D ids; token: a token id (or a str that encodes to one
+    token).  ``cache`` may be a run_with_cache cache of this prompt holding
+    hook_embed, hook_pos_embed, attn.hook_result, hook_mlp_out and
+    ln_final.hook_scale/hook_normalized; otherwise those are computed.
+    """
+    ids = _as_ids(model, prompt, "direct_logit_attribution")
+    cfg = model.config
+    T, L = len(ids), cfg.n_layer
+    if isinstance(token, str):
+        enc = model.encode(token)
+        if len(enc) != 1:
+            raise ValueError(f"direct_logit_attribution: {token!r} is {len(enc)} tokens, not one")
+        token = enc[0]
+    token = int(token)
+    if not 0 <= token < cfg.vocab_size:
+        raise ValueError(f"direct_logit_attribution: token {token} is outside [0, {cfg.vocab_size})")
+    if not -T <= position < T:
+        raise ValueError(f"direct_logit_attribution: position {position} is outside a sequence of {T}")
+    p = position % T
+    names = (["hook_embed", "hook_pos_embed", "ln_final.hook_scale", "ln_final.hook_normalized"]
+             + [f"blocks.{i}.attn.hook_result" for i in range(L)]
+             + [f"blocks.{i}.hook_mlp_out" for i in range(L)])
+    if cache is None or any(n not in cache for n in names):
+        _, cache = model.run_with_cache(ids, names=names)
+    ln = model.weights.ln_f
+    u = model.weights.lm_head[token].astype(np.float64)
+    direction = ln.weight.astype(np.float64) * u / float(cache["ln_final.hook_scale"][p, 0])
+
+    def contrib(v):
+        """Centred components [..., C] at position p . direction."""
+        v = np.asarray(v, dtype=np.float64)
+        return (v - v.mean(axis=-1, keepdims=True)) @ direction
+
+    b_O = np.stack([model.weights.blocks[i].attn_c_proj.bias for i in range(L)])
+    logit = float(cache["ln_final.hook_normalized"][p].astype(np.float64) @ u)
+    return LogitAttribution(
+        token=token, position=p, logit=logit,
+        embed=float(contrib(cache["hook_embed"][p])),
+        pos_embed=float(contrib(cache["hook_pos_embed"][p])),
+        heads=np.stack([contrib(cache[f"blocks.{i}.attn.hook_result"][p]) for i in range(L)]),
+        attn_bias=contrib(b_O),
+        mlp=np.array([contrib(cache[f"blocks.{i}.hook_mlp_out"][p]) for i in range(L)]),
+        ln_final_bias=float(ln.bias.astype(np.float64) @ u),
+    )
