@@ -123,7 +123,7 @@ def extensions(levels, omp):
     omp_c, omp_l = omp if omp else ([], [])
     base = ["-O1", "-g"] if DEBUG else ["-O3"]
     # -fno-math-errno lets gcc inline sqrtf; it changes no result.
-    base += ["-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code"]
+    base += ["-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code", "-Wno-psabi"]
     exts = [
         Extension(
             "cyformer._runtime",

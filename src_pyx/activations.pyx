@@ -11,14 +11,18 @@ from cyformer import _checks
 GELU_KINDS = {"gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
 
 
+cdef enum:
+    GELU_CHUNK = 4096  # floats per work item: 16 KB, a multiple of the vector width
+
+
 cdef void gelu(float* x, Py_ssize_t n, int kind, int nthreads) noexcept nogil:
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, c
     if kind == ACT_GELU_ERF:
         for i in prange(n, num_threads=nthreads, schedule="static"):
             x[i] = gelu_erf(x[i])
     else:
-        for i in prange(n, num_threads=nthreads, schedule="static"):
-            x[i] = gelu_new(x[i])
+        for c in prange((n + GELU_CHUNK - 1) // GELU_CHUNK, num_threads=nthreads, schedule="static"):
+            cyf_gelu_new_n(x + c * GELU_CHUNK, GELU_CHUNK if n - c * GELU_CHUNK > GELU_CHUNK else n - c * GELU_CHUNK)
 
 
 cdef void softmax(float* x, Py_ssize_t rows, Py_ssize_t n, int nthreads) noexcept nogil:

@@ -24,11 +24,18 @@ import numpy as np
 from ._util cimport cptr, wptr
 from .activations cimport softmax_row
 
+cdef extern from "simd.h" nogil:
+    void cyf_gemv_strip(const float* x, const float* W, Py_ssize_t ldw, Py_ssize_t K,
+                        Py_ssize_t n, float* out)
+
+cdef enum:
+    KEY_BLOCK = 64  # key positions scored per register-resident strip
+
 from cyformer import _checks
 
 
 cdef Py_ssize_t attention_scratch_size(Py_ssize_t cap, Py_ssize_t d_head) noexcept nogil:
-    return cap + d_head
+    return cap + KEY_BLOCK + d_head + KEY_BLOCK
 
 
 cdef void _append_kv(const float* qkv, float* k_cache, float* v_cache, Py_ssize_t past,
@@ -49,18 +56,17 @@ cdef void attention(float* z, const float* qkv, float* k_cache, float* v_cache,
                     Py_ssize_t cap, float* scores, float* pattern,
                     float* scratch, int nthreads) noexcept nogil:
     cdef Py_ssize_t C = H * D, S = past + T  # S: keys visible to the last query
-    cdef Py_ssize_t i, h, t, L, j, d
+    cdef Py_ssize_t i, h, t, L, j, d, jb, db
     cdef float* s
     cdef float* zacc
     cdef const float* q
     cdef const float* kT
     cdef const float* vh
-    cdef float qd, a
     cdef float inv_sqrt_d = <float>(1.0 / sqrt(<double>D))
     _append_kv(qkv, k_cache, v_cache, past, T, H, D, cap, nthreads)
     with parallel(num_threads=nthreads):
         s = scratch + threadid() * attention_scratch_size(cap, D)
-        zacc = s + cap
+        zacc = s + cap + KEY_BLOCK
         # Later positions see more keys; dynamic chunks balance the triangle.
         for i in prange(H * T, schedule="dynamic", chunksize=4):
             h = i // T
@@ -69,12 +75,10 @@ cdef void attention(float* z, const float* qkv, float* k_cache, float* v_cache,
             q = qkv + t * 3 * C + h * D
             kT = k_cache + h * D * cap
             vh = v_cache + h * cap * D
-            for j in range(L):
-                s[j] = 0.0
-            for d in range(D):
-                qd = q[d]
-                for j in range(L):
-                    s[j] = s[j] + qd * kT[d * cap + j]
+            # scores: s[j] = q . k_j, 64 key positions at a time
+            for jb in range((L + KEY_BLOCK - 1) // KEY_BLOCK):
+                j = jb * KEY_BLOCK
+                cyf_gemv_strip(q, kT + j, cap, D, KEY_BLOCK if L - j > KEY_BLOCK else L - j, s + j)
             for j in range(L):
                 s[j] = s[j] * inv_sqrt_d
             if scores != NULL:
@@ -84,12 +88,10 @@ cdef void attention(float* z, const float* qkv, float* k_cache, float* v_cache,
             if pattern != NULL:
                 for j in range(S):
                     pattern[(h * T + t) * S + j] = s[j] if j < L else 0.0
-            for d in range(D):
-                zacc[d] = 0.0
-            for j in range(L):
-                a = s[j]
-                for d in range(D):
-                    zacc[d] = zacc[d] + a * vh[j * D + d]
+            # z = sum_j pattern[j] v_j, d_head columns at a time
+            for db in range((D + KEY_BLOCK - 1) // KEY_BLOCK):
+                d = db * KEY_BLOCK
+                cyf_gemv_strip(s, vh + d, D, L, KEY_BLOCK if D - d > KEY_BLOCK else D - d, zacc + d)
             for d in range(D):
                 z[t * C + h * D + d] = zacc[d]
 

@@ -15,7 +15,8 @@ cdef Py_ssize_t linear_scratch_size(Py_ssize_t K) noexcept nogil
 
 cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
-# out (=|+=) act(x @ W + b), act an activations.Act.  T < MATVEC_ROWS runs the bandwidth-bound
+# out = act(x @ W + b) or out += x @ W + b (accumulate), act an activations.Act
+# (an activation and accumulate are never combined).  T < MATVEC_ROWS runs the bandwidth-bound
 # matrix-vector path, otherwise the packed, register-blocked GEMM path.
 cdef void linear(float* out, const float* x, const float* W, const float* b,
                  Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,

@@ -17,7 +17,7 @@ from libc.string cimport memset
 import numpy as np
 
 from ._util cimport cptr, wptr
-from .activations cimport gelu_new, gelu_erf, ACT_NONE, ACT_GELU_NEW, ACT_GELU_ERF
+from .activations cimport gelu_erf, ACT_NONE, ACT_GELU_NEW, ACT_GELU_ERF
 
 from cyformer import _checks
 
@@ -28,6 +28,9 @@ cdef extern from "simd.h" nogil:
     void cyf_gemm_tile(const float* x, Py_ssize_t ldx, int nrows,
                        const float* wp, Py_ssize_t K, float* tile)
     float cyf_dot(const float* a, const float* b, Py_ssize_t n)
+    void cyf_gelu_new_n(float* x, Py_ssize_t n)
+    void cyf_gemv_strip(const float* x, const float* W, Py_ssize_t ldw, Py_ssize_t K,
+                        Py_ssize_t n, float* out)
 
 cdef enum:
     # Fewer rows than this take the matrix-vector path: with so few rows,
@@ -47,20 +50,25 @@ cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
     return cyf_dot(a, b, n)
 
 
-cdef inline float _epilogue(float v, float bias, int act) noexcept nogil:
-    v = v + bias
+cdef inline void _finish(float* dst, float* acc, const float* bias, Py_ssize_t n,
+                         int act, bint accumulate) noexcept nogil:
+    # dst[j] (=|+=) act(acc[j] + bias[j]) for j < n; acc is scratch and is
+    # overwritten.  GELU-tanh goes through the vectorised exp in simd.h.
+    cdef Py_ssize_t j
+    if bias != NULL:
+        for j in range(n):
+            acc[j] = acc[j] + bias[j]
     if act == ACT_GELU_NEW:
-        return gelu_new(v)
-    if act == ACT_GELU_ERF:
-        return gelu_erf(v)
-    return v
-
-
-cdef inline void _store(float* dst, float v, bint accumulate) noexcept nogil:
+        cyf_gelu_new_n(acc, n)
+    elif act == ACT_GELU_ERF:
+        for j in range(n):
+            acc[j] = gelu_erf(acc[j])
     if accumulate:
-        dst[0] = dst[0] + v
+        for j in range(n):
+            dst[j] = dst[j] + acc[j]
     else:
-        dst[0] = v
+        for j in range(n):
+            dst[j] = acc[j]
 
 
 cdef void _pack_strip(float* pack, const float* W, Py_ssize_t K, Py_ssize_t N,
@@ -87,7 +95,6 @@ cdef void _gemm(float* out, const float* x, const float* W, const float* b,
     cdef int rows
     cdef float* pack
     cdef float* tile
-    cdef float bias
     with parallel(num_threads=nthreads):
         pack = scratch + threadid() * linear_scratch_size(K)
         tile = pack + K * CYF_NR
@@ -100,21 +107,17 @@ cdef void _gemm(float* out, const float* x, const float* W, const float* b,
                 rows = <int>(T - t0 if T - t0 < CYF_MR else CYF_MR)
                 cyf_gemm_tile(x + t0 * K, K, rows, pack, K, tile)
                 for r in range(rows):
-                    for j in range(nw):
-                        bias = b[n0 + j] if b != NULL else 0.0
-                        _store(&out[(t0 + r) * N + n0 + j],
-                               _epilogue(tile[r * CYF_NR + j], bias, act), accumulate)
+                    _finish(out + (t0 + r) * N + n0, tile + r * CYF_NR,
+                            b + n0 if b != NULL else NULL, nw, act, accumulate)
 
 
 cdef void _gemv(float* out, const float* x, const float* W, const float* b,
                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
     cdef Py_ssize_t nchunks = (N + GEMV_COLS - 1) // GEMV_COLS
-    cdef Py_ssize_t c, n0, nw, t, k, j
+    cdef Py_ssize_t c, n0, nw, t, j
     cdef float* acc
     cdef const float* xt
-    cdef const float* wk
-    cdef float xk, bias
     with parallel(num_threads=nthreads):
         acc = scratch + threadid() * linear_scratch_size(K)
         for c in prange(nchunks, schedule="static"):
@@ -126,16 +129,8 @@ cdef void _gemv(float* out, const float* x, const float* W, const float* b,
                     for j in range(nw):
                         acc[j] = cyf_dot(xt, W + (n0 + j) * K, K)
                 else:    # W [K, N]: stream rows of W, accumulating 64 outputs
-                    for j in range(nw):
-                        acc[j] = 0.0
-                    for k in range(K):
-                        xk = xt[k]
-                        wk = W + k * N + n0
-                        for j in range(nw):
-                            acc[j] = acc[j] + xk * wk[j]
-                for j in range(nw):
-                    bias = b[n0 + j] if b != NULL else 0.0
-                    _store(&out[t * N + n0 + j], _epilogue(acc[j], bias, act), accumulate)
+                    cyf_gemv_strip(xt, W + n0, N, K, nw, acc)
+                _finish(out + t * N + n0, acc, b + n0 if b != NULL else NULL, nw, act, accumulate)
 
 
 cdef void linear(float* out, const float* x, const float* W, const float* b,
@@ -204,6 +199,8 @@ def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="no
         _checks.same_dim(fn, "b", b, 0, N, "the output width")
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if accumulate and activation != "none":
+        raise ValueError("linear: accumulate=True cannot be combined with an activation")
     if out is None:
         if accumulate:
             raise ValueError("linear: accumulate=True needs an out array to add into")

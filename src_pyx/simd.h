@@ -19,6 +19,7 @@
 #include <string.h>
 
 typedef float cyf_v8f __attribute__((vector_size(32)));
+typedef int cyf_v8i __attribute__((vector_size(32)));
 
 static inline cyf_v8f cyf_load8(const float *p) { cyf_v8f v; memcpy(&v, p, sizeof v); return v; }
 static inline void cyf_store8(float *p, cyf_v8f v) { memcpy(p, &v, sizeof v); }
@@ -60,6 +61,39 @@ static inline void cyf_gemm_tile(const float *x, ptrdiff_t ldx, int nrows,
     cyf_store8(tile + 5 * CYF_NR, a50); cyf_store8(tile + 5 * CYF_NR + 8, a51);
 }
 
+/* out[j] = sum_k x[k] * W[k * ldw + j] for j < n <= 64: a 64-column strip of
+ * a matrix-vector product, accumulated in 8 registers while the rows of W
+ * stream past (decode's linear layers, attention's scores and values).  A
+ * narrower strip runs the same k-ordered multiply-adds through memory. */
+static inline void cyf_gemv_strip(const float *x, const float *W, ptrdiff_t ldw,
+                                  ptrdiff_t K, ptrdiff_t n, float *out)
+{
+    if (n == 64) {
+        cyf_v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+        for (ptrdiff_t k = 0; k < K; k++) {
+            const float *w = W + k * ldw;
+            const float s = x[k];
+            a0 += s * cyf_load8(w);      a1 += s * cyf_load8(w + 8);
+            a2 += s * cyf_load8(w + 16); a3 += s * cyf_load8(w + 24);
+            a4 += s * cyf_load8(w + 32); a5 += s * cyf_load8(w + 40);
+            a6 += s * cyf_load8(w + 48); a7 += s * cyf_load8(w + 56);
+        }
+        cyf_store8(out, a0);      cyf_store8(out + 8, a1);
+        cyf_store8(out + 16, a2); cyf_store8(out + 24, a3);
+        cyf_store8(out + 32, a4); cyf_store8(out + 40, a5);
+        cyf_store8(out + 48, a6); cyf_store8(out + 56, a7);
+        return;
+    }
+    for (ptrdiff_t j = 0; j < n; j++)
+        out[j] = 0.0f;
+    for (ptrdiff_t k = 0; k < K; k++) {
+        const float *w = W + k * ldw;
+        const float s = x[k];
+        for (ptrdiff_t j = 0; j < n; j++)
+            out[j] += s * w[j];
+    }
+}
+
 /* sum_i a[i] * b[i] over 16 interleaved lanes (i mod 16), then the lanes
  * combined in a fixed pairwise tree.  Deterministic for a given n. */
 static inline float cyf_dot(const float *a, const float *b, ptrdiff_t n)
@@ -79,6 +113,99 @@ static inline float cyf_dot(const float *a, const float *b, ptrdiff_t n)
         for (int j = 0; j < w; j++)
             lanes[j] += lanes[j + w];
     return lanes[0];
+}
+
+/* ---- exp and GELU, 8 lanes at a time ------------------------------------
+ * glibc's expf/tanhf are scalar calls; without -ffast-math gcc will not
+ * vectorise them.  This exp uses Cody-Waite range reduction x = n ln2 + r and
+ * the Cephes minimax polynomial for e^r on [-ln2/2, ln2/2] (max error about
+ * 1 ulp over the float range); 2^n is built in the exponent bits.  Pure IEEE
+ * arithmetic, so results do not depend on the vector width. */
+
+static inline cyf_v8f cyf_select(cyf_v8i mask, cyf_v8f a, cyf_v8f b)
+{   /* mask lanes are 0 or -1: a where set, b elsewhere */
+    cyf_v8i ai, bi;
+    memcpy(&ai, &a, sizeof ai);
+    memcpy(&bi, &b, sizeof bi);
+    cyf_v8i r = (ai & mask) | (bi & ~mask);
+    cyf_v8f out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+static inline cyf_v8f cyf_exp8(cyf_v8f x)
+{
+    const cyf_v8f hi = {88.3762626647949f, 88.3762626647949f, 88.3762626647949f, 88.3762626647949f,
+                        88.3762626647949f, 88.3762626647949f, 88.3762626647949f, 88.3762626647949f};
+    const float lo = -87.3365478515625f;  /* below: e^x < FLT_MIN, return 0 */
+    cyf_v8i too_small = x < lo;
+    cyf_v8i too_big = x > hi;
+    cyf_v8i is_nan = x != x;
+    cyf_v8f xc = cyf_select(too_small | is_nan, (cyf_v8f){0}, cyf_select(too_big, hi, x));
+    /* n = round(x / ln2) by the 1.5 * 2^23 trick (exact for |n| < 2^22) */
+    const float magic = 12582912.0f;
+    cyf_v8f n = (xc * 1.44269504088896341f + magic) - magic;
+    cyf_v8f r = xc - n * 0.693359375f;          /* ln2 split: exact high part */
+    r = r - n * -2.12194440e-4f;                /* and the low part */
+    cyf_v8f r2 = r * r;
+    cyf_v8f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r2 + r + 1.0f;
+    cyf_v8i ni = __builtin_convertvector(n, cyf_v8i);
+    cyf_v8i bits = (ni + 127) << 23;
+    cyf_v8f scale;
+    memcpy(&scale, &bits, sizeof scale);
+    cyf_v8f y = p * scale;
+    const cyf_v8f inf = {__builtin_inff(), __builtin_inff(), __builtin_inff(), __builtin_inff(),
+                         __builtin_inff(), __builtin_inff(), __builtin_inff(), __builtin_inff()};
+    y = cyf_select(too_big, inf, y);
+    y = cyf_select(too_small, (cyf_v8f){0}, y);
+    return cyf_select(is_nan, x, y);
+}
+
+/* GPT-2's GELU, 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3),
+ * computed as x / (1 + e^{-2u}) (the same function: 1 + tanh(u) = 2 / (1 + e^{-2u})),
+ * which needs one exp and has no cancellation for negative x. */
+static inline cyf_v8f cyf_gelu_new8(cyf_v8f x)
+{
+    cyf_v8f u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + cyf_exp8(-2.0f * u));
+}
+
+/* In place over n floats (tail padded through a small buffer, so every
+ * element goes through the identical vector arithmetic). */
+static inline void cyf_gelu_new_n(float *x, ptrdiff_t n)
+{
+    ptrdiff_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        cyf_store8(x + i, cyf_gelu_new8(cyf_load8(x + i)));
+    if (i < n) {
+        float buf[8] = {0};
+        memcpy(buf, x + i, (size_t)(n - i) * sizeof(float));
+        cyf_store8(buf, cyf_gelu_new8(cyf_load8(buf)));
+        memcpy(x + i, buf, (size_t)(n - i) * sizeof(float));
+    }
+}
+
+/* x[i] = e^(x[i] - shift) in place; returns the sum of the results, added in
+ * index order in double (deterministic, and exact enough for softmax). */
+static inline double cyf_exp_shift_n(float *x, ptrdiff_t n, float shift)
+{
+    double sum = 0.0;
+    ptrdiff_t i = 0;
+    float buf[8];
+    for (; i < n; i += 8) {
+        ptrdiff_t m = n - i < 8 ? n - i : 8;
+        memcpy(buf, x + i, (size_t)m * sizeof(float));
+        for (ptrdiff_t j = m; j < 8; j++) buf[j] = shift;
+        cyf_store8(buf, cyf_exp8(cyf_load8(buf) - shift));
+        memcpy(x + i, buf, (size_t)m * sizeof(float));
+        for (ptrdiff_t j = 0; j < m; j++) sum += buf[j];
+    }
+    return sum;
 }
 
 #endif
