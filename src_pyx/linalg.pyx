@@ -29,15 +29,16 @@ cdef extern from "simd.h" nogil:
                        const float* wp, Py_ssize_t K, float* tile)
     float cyf_dot(const float* a, const float* b, Py_ssize_t n)
     void cyf_gelu_new_n(float* x, Py_ssize_t n)
-    void cyf_gemv_strip(const float* x, const float* W, Py_ssize_t ldw, Py_ssize_t K,
-                        Py_ssize_t n, float* out)
+    void cyf_gemv_rows(const float* x, const float* W, Py_ssize_t ldw, Py_ssize_t K,
+                       Py_ssize_t n, float* out)
 
 cdef enum:
     # Fewer rows than this take the matrix-vector path: with so few rows,
     # packing W would cost as much as the product itself.
     MATVEC_ROWS = 4
-    # Columns per matrix-vector work item: 256-byte runs of each row of W.
-    GEMV_COLS = 64
+    # Most columns per matrix-vector work item: its accumulators (8 KB) stay
+    # in L1 while each row of W streams past as one contiguous run.
+    GEMV_COLS = 2048
 
 ACTIVATIONS = {"none": ACT_NONE, "gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
 
@@ -114,22 +115,29 @@ cdef void _gemm(float* out, const float* x, const float* W, const float* b,
 cdef void _gemv(float* out, const float* x, const float* W, const float* b,
                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
-    cdef Py_ssize_t nchunks = (N + GEMV_COLS - 1) // GEMV_COLS
+    # Bound by memory bandwidth: every weight is read once per row of x.
+    # Outputs are split into one contiguous column range per thread (64-byte
+    # aligned, at most GEMV_COLS wide), so each thread streams long runs of W.
+    cdef Py_ssize_t per = (N + nthreads - 1) // nthreads
+    per = (per + 15) // 16 * 16
+    if per > GEMV_COLS:
+        per = GEMV_COLS
+    cdef Py_ssize_t nchunks = (N + per - 1) // per
     cdef Py_ssize_t c, n0, nw, t, j
     cdef float* acc
     cdef const float* xt
     with parallel(num_threads=nthreads):
         acc = scratch + threadid() * linear_scratch_size(K)
         for c in prange(nchunks, schedule="static"):
-            n0 = c * GEMV_COLS
-            nw = N - n0 if N - n0 < GEMV_COLS else GEMV_COLS
+            n0 = c * per
+            nw = N - n0 if N - n0 < per else per
             for t in range(T):
                 xt = x + t * K
                 if w_t:  # W [N, K]: one contiguous dot product per output
                     for j in range(nw):
                         acc[j] = cyf_dot(xt, W + (n0 + j) * K, K)
-                else:    # W [K, N]: stream rows of W, accumulating 64 outputs
-                    cyf_gemv_strip(xt, W + n0, N, K, nw, acc)
+                else:    # W [K, N]: accumulate whole row segments of W
+                    cyf_gemv_rows(xt, W + n0, N, K, nw, acc)
                 _finish(out + t * N + n0, acc, b + n0 if b != NULL else NULL, nw, act, accumulate)
 
 

@@ -94,6 +94,45 @@ static inline void cyf_gemv_strip(const float *x, const float *W, ptrdiff_t ldw,
     }
 }
 
+/* out[j] = sum_k x[k] * W[k * ldw + j] for j < n, reading W row by row:
+ * each row segment is one contiguous run, the access pattern that streams
+ * best from DRAM when W is far larger than the caches (decode).  out (n
+ * floats, meant to sit in L1) is updated four rows of W at a time; every
+ * element is still one k-ordered chain of multiply-adds starting from 0. */
+static inline void cyf_gemv_rows(const float *x, const float *W, ptrdiff_t ldw,
+                                 ptrdiff_t K, ptrdiff_t n, float *out)
+{
+    ptrdiff_t k = 0, j;
+    for (j = 0; j < n; j++)
+        out[j] = 0.0f;
+    for (; k + 4 <= K; k += 4) {
+        const float *w0 = W + k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        const float s0 = x[k], s1 = x[k + 1], s2 = x[k + 2], s3 = x[k + 3];
+        for (j = 0; j + 8 <= n; j += 8) {
+            cyf_v8f a = cyf_load8(out + j);
+            a += s0 * cyf_load8(w0 + j);
+            a += s1 * cyf_load8(w1 + j);
+            a += s2 * cyf_load8(w2 + j);
+            a += s3 * cyf_load8(w3 + j);
+            cyf_store8(out + j, a);
+        }
+        for (; j < n; j++) {
+            float a = out[j];
+            a += s0 * w0[j];
+            a += s1 * w1[j];
+            a += s2 * w2[j];
+            a += s3 * w3[j];
+            out[j] = a;
+        }
+    }
+    for (; k < K; k++) {
+        const float *w = W + k * ldw;
+        const float s = x[k];
+        for (j = 0; j < n; j++)
+            out[j] += s * w[j];
+    }
+}
+
 /* sum_i a[i] * b[i] over 16 interleaved lanes (i mod 16), then the lanes
  * combined in a fixed pairwise tree.  Deterministic for a given n. */
 static inline float cyf_dot(const float *a, const float *b, ptrdiff_t n)

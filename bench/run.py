@@ -1,0 +1,451 @@
+"""cyformer beside a naive baseline, a NumPy reference and PyTorch, in one run.
+
+    python bench/run.py            # full run (several minutes)
+    python bench/run.py --quick    # smoke run, under a minute
+
+Every contender gets the same random GPT-2-small weights and the same tokens.
+Contenders are interleaved and repeated; tables give the median and the
+min-max over repeats.  Also measured in the same run: the machine's float32
+GEMM rate (NumPy's BLAS) and its streaming read bandwidth, so the achieved
+GFLOP/s of prefill and GB/s of weight reads in decode can be put beside them.
+Writes bench/results/<date>-<cpu>.md and a PNG chart, and prints the table.
+"""
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import re
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from weights import GPT2_SMALL, TINY, make_checkpoint  # noqa: E402
+
+import cyformer  # noqa: E402
+
+CACHE = os.environ.get("CYFORMER_BENCH_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "cyformer-bench"))
+
+
+# -- machine -------------------------------------------------------------------
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_threads(n):
+    """Context manager limiting NumPy's BLAS (and OpenMP) pools to n threads."""
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=n)
+
+
+def sgemm_gflops(threads, n=2048, reps=5):
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = a.T.copy()
+    with blas_threads(threads):
+        a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(reps))
+    return 2 * n ** 3 / best / 1e9
+
+
+def read_bandwidth(threads, mb=512, reps=5):
+    """GB/s of a streaming read: `threads` Python threads each summing a slice
+    (NumPy releases the GIL in the reduction)."""
+    x = np.ones(mb * 2 ** 20 // 4, dtype=np.float32)
+    parts = np.array_split(x, threads)
+
+    def once():
+        ts = [threading.Thread(target=np.add.reduce, args=(p,)) for p in parts]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    once()
+    best = min(_timed(once) for _ in range(reps))
+    return x.nbytes / best / 1e9
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+# -- model arithmetic ------------------------------------------------------------
+
+def prefill_flops(cfg, T):
+    """Multiply-adds x 2 of a full forward over T tokens with logits for every position."""
+    C, D, L, V = cfg["n_embd"], 4 * cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
+    matmul = L * (C * 3 * C + C * C + 2 * C * D) + V * C
+    attn = L * 2 * C * T * (T + 1) / 2  # q.k and weights.v over the causal triangle
+    return 2 * (T * matmul + attn)
+
+
+def decode_bytes(cfg):
+    """float32 weight bytes read per decoded token (every matrix once, plus wte as unembedding)."""
+    C, D, L, V = cfg["n_embd"], 4 * cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
+    return 4 * (L * (C * 3 * C + C * C + 2 * C * D) + V * C)
+
+
+# -- contenders ------------------------------------------------------------------
+
+class Cyformer:
+    def __init__(self, path, threads, backend="cython"):
+        self.model = cyformer.load(path, threads=threads, backend=backend)
+        object.__setattr__(self.model.config, "eos_token_id", None)  # always run to the end
+        self.name = f"cyformer {backend}" + (f" {threads}T" if backend == "cython" else "")
+        self.threads = threads
+        self.blas = threads
+
+    def prefill(self, ids):
+        self.model.forward(ids)
+
+    def generate(self, ids, n):
+        """-> (time to first token, decode tokens/s)."""
+        out = self.model.generate(list(ids), max_new_tokens=n)
+        return out.stats["time_to_first_token_s"], out.stats["decode_tokens_per_s"]
+
+
+class Torch:
+    def __init__(self, path, threads):
+        import torch
+        from transformers import GPT2LMHeadModel
+
+        self.torch = torch
+        self.threads = threads
+        self.blas = threads
+        self.model = GPT2LMHeadModel.from_pretrained(path).eval()
+        self.name = f"PyTorch {threads}T"
+
+    def prefill(self, ids):
+        torch = self.torch
+        torch.set_num_threads(self.threads)
+        with torch.inference_mode():
+            self.model(torch.as_tensor(ids)[None]).logits
+
+    def generate(self, ids, n):
+        torch = self.torch
+        torch.set_num_threads(self.threads)
+        x = torch.as_tensor(ids)[None]
+        kw = dict(attention_mask=torch.ones_like(x), do_sample=False, eos_token_id=None,
+                  pad_token_id=0, use_cache=True)
+        with torch.inference_mode():
+            t1 = _timed(lambda: self.model.generate(x, max_new_tokens=1, **kw))
+            tn = _timed(lambda: self.model.generate(x, max_new_tokens=n, min_new_tokens=n, **kw))
+        return t1, (n - 1) / max(tn - t1, 1e-9)
+
+
+def make_contenders(path, threads_list, with_numpy, with_torch):
+    cs = [Cyformer(path, t) for t in threads_list]
+    if with_numpy:
+        cs.append(Cyformer(path, max(threads_list), backend="numpy"))
+    if with_torch:
+        cs += [Torch(path, t) for t in threads_list]
+    return cs
+
+
+def torch_available():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+# -- measurement -----------------------------------------------------------------
+
+def measure(contenders, tasks, reps, progress=None):
+    """Interleave: for each repeat, each contender runs each task once.
+    tasks: name -> fn(contender) -> dict of metric -> value.  Returns
+    {contender name: {metric: [values]}}."""
+    results = {c.name: {} for c in contenders}
+    for c in contenders:  # warm-up: page in weights, JIT-free but cache-cold
+        with blas_threads(c.blas):
+            for fn in tasks.values():
+                fn(c)
+    for rep in range(reps):
+        for c in contenders:
+            with blas_threads(c.blas):
+                for fn in tasks.values():
+                    gc.collect()
+                    for k, v in fn(c).items():
+                        results[c.name].setdefault(k, []).append(v)
+            if progress:
+                progress.update(1)
+    return results
+
+
+def stat(values):
+    v = np.asarray(values, dtype=float)
+    return float(np.median(v)), float(v.min()), float(v.max())
+
+
+def fmt(values, unit="", digits=1):
+    if not values:
+        return "-"
+    med, lo, hi = stat(values)
+    if len(values) == 1:
+        return f"{med:.{digits}f}{unit}"
+    return f"{med:.{digits}f}{unit} ({lo:.{digits}f}-{hi:.{digits}f})"
+
+
+def rss_probe(path, contender, threads, n_new):
+    """Peak RSS (MB) of a fresh process that loads the model and generates."""
+    code = f"""
+import sys, resource
+sys.path.insert(0, {HERE!r})
+import run
+c = run.Torch({path!r}, {threads}) if {contender!r} == 'torch' else run.Cyformer({path!r}, {threads}, backend={contender!r})
+c.generate(list(range(16)), {n_new})
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        return None
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+# -- main ------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: fewer repeats and tokens (< 1 minute)")
+    ap.add_argument("--reps", type=int, default=None, help="repeats per measurement (default 5, quick 1)")
+    ap.add_argument("--threads", default="1,2", help="thread counts to compare (default 1,2)")
+    ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for the .md and .png")
+    args = ap.parse_args(argv)
+    threads_list = [int(t) for t in args.threads.split(",")]
+    quick = args.quick
+    reps = args.reps or (1 if quick else 5)
+    with_torch = torch_available() and not args.no_torch
+    n_new = 16 if quick else 128
+    prompt = np.arange(16) % 1000
+    prefill_T = [128] if quick else [128, 512]
+    from tqdm import tqdm
+
+    t_start = time.perf_counter()
+    info = {
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_model(),
+        "cores": cyformer.build_info()["threads"],
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cyformer": cyformer.__version__,
+        "build": cyformer.build_info(),
+    }
+    if with_torch:
+        import torch
+        import transformers
+        info["torch"] = torch.__version__
+        info["transformers"] = transformers.__version__
+    print(f"cyformer {info['cyformer']} on {info['cpu']} ({info['cores']} cores), kernels {info['build']['isa']}",
+          file=sys.stderr)
+
+    # machine limits, measured now
+    limits = {}
+    for t in threads_list:
+        limits[f"sgemm GFLOP/s {t}T"] = sgemm_gflops(t, n=1024 if quick else 2048, reps=3 if quick else 5)
+        limits[f"read GB/s {t}T"] = read_bandwidth(t, mb=128 if quick else 512, reps=3 if quick else 5)
+
+    # GPT-2 small
+    big = make_checkpoint(os.path.join(CACHE, "gpt2-small-random"), **GPT2_SMALL)
+    contenders = make_contenders(big, threads_list, with_numpy=True, with_torch=with_torch)
+    tasks = {f"prefill {T}": (lambda T: lambda c: {f"prefill {T} s": _timed(lambda: c.prefill(prompt_T(T)))})(T)
+             for T in prefill_T}
+
+    def gen_task(c):
+        ttft, tps = c.generate(prompt, n_new)
+        return {"ttft s": ttft, "decode tok/s": tps}
+
+    tasks["generate"] = gen_task
+    with tqdm(total=reps * len(contenders), desc="GPT-2 small", unit="round", file=sys.stderr) as bar:
+        small = measure(contenders, tasks, reps, bar)
+    cache_cost = measure_cache_cost(contenders[0].model, reps) if hasattr(contenders[0].model, "run_with_cache") else None
+    del contenders
+    gc.collect()
+
+    rss = {}
+    if not quick:
+        for name, kind, t in [("cyformer cython 2T", "cython", max(threads_list)),
+                              ("PyTorch 2T", "torch", max(threads_list))]:
+            if kind == "torch" and not with_torch:
+                continue
+            rss[name] = rss_probe(big, kind, t, n_new)
+
+    # tiny geometry: where the naive backend can run too
+    tiny = make_checkpoint(os.path.join(CACHE, "tiny-random"), **TINY)
+    tiny_contenders = make_contenders(tiny, threads_list, with_numpy=True, with_torch=with_torch)
+    tiny_contenders.append(Cyformer(tiny, 1, backend="naive"))
+    tiny_T, tiny_new = 32, 8 if quick else 32
+    tiny_tasks = {
+        "prefill": lambda c: {f"prefill {tiny_T} s": _timed(lambda: c.prefill(np.arange(tiny_T) % 500))},
+        "generate": lambda c: dict(zip(("ttft s", "decode tok/s"), c.generate(np.arange(8), tiny_new))),
+    }
+    with tqdm(total=reps * len(tiny_contenders), desc="tiny (with naive)", unit="round", file=sys.stderr) as bar:
+        tinyres = measure(tiny_contenders, tiny_tasks, reps, bar)
+
+    report = render(info, limits, small, tinyres, rss, cache_cost, threads_list, prefill_T, n_new,
+                    tiny_T, tiny_new, reps, time.perf_counter() - t_start)
+    print(report)
+    os.makedirs(args.out, exist_ok=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", info["cpu"].lower()).strip("-")
+    base = os.path.join(args.out, f"{info['date']}-{slug}{'-quick' if quick else ''}")
+    with open(base + ".md", "w") as f:
+        f.write(report)
+    with open(base + ".json", "w") as f:
+        json.dump({"info": info, "limits": limits, "gpt2_small": small, "tiny": tinyres, "rss_mb": rss,
+                   "cache_cost": cache_cost}, f, indent=1, default=str)
+    chart(small, prefill_T, base + ".png")
+    print(f"wrote {base}.md, .json and .png", file=sys.stderr)
+
+
+def prompt_T(T):
+    return np.arange(T) % 50000
+
+
+def measure_cache_cost(model, reps):
+    """run_with_cache (every hook point) / plain forward, GPT-2 small, T = 128."""
+    ids = prompt_T(128)
+    model.forward(ids)
+    model.run_with_cache(ids)
+    plain, cached = [], []
+    for _ in range(max(reps, 3)):
+        plain.append(_timed(lambda: model.forward(ids)))
+        cached.append(_timed(lambda: model.run_with_cache(ids)))
+    return {"plain s": plain, "cached s": cached,
+            "ratio": [c / p for c, p in zip(cached, plain)]}
+
+
+def render(info, limits, small, tinyres, rss, cache_cost, threads_list, prefill_T, n_new,
+           tiny_T, tiny_new, reps, elapsed):
+    cfg = GPT2_SMALL
+    lines = [f"# cyformer benchmark, {info['date']}", "",
+             f"- CPU: {info['cpu']}, {info['cores']} cores usable; kernels: {info['build']['isa']} "
+             f"({' '.join(info['build']['isa_flags'])}), OpenMP {'on' if info['build']['openmp'] else 'off'}",
+             f"- versions: cyformer {info['cyformer']}, numpy {info['numpy']}, Python {info['python']}"
+             + (f", torch {info['torch']}, transformers {info['transformers']}" if "torch" in info else ""),
+             f"- {reps} interleaved repeat(s); median (min-max). Float32, batch 1, random weights.",
+             f"- run time {elapsed:.0f} s", "",
+             "## Machine limits, measured in this run", "",
+             "| measure | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in limits.items()]
+    lines += ["", f"## GPT-2 small (12 layers, d_model 768, vocab 50257)", "",
+              "Prefill: full logits for every position. Decode: greedy, KV cache, "
+              f"{n_new} new tokens after a 16-token prompt.", ""]
+    head = ["contender"] + [f"prefill T={T} (s)" for T in prefill_T] + ["time to first token (ms)", "decode (tokens/s)"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in small.items():
+        row = [name] + [fmt(m.get(f"prefill {T} s", []), digits=3) for T in prefill_T]
+        row += [fmt([v * 1e3 for v in m.get("ttft s", [])]), fmt(m.get("decode tok/s", []))]
+        lines.append("| " + " | ".join(row) + " |")
+    # ratios and achieved rates
+    lines += ["", "### Ratios and achieved rates", "",
+              "| contender | " + " | ".join(f"prefill {T}: speed-up vs PyTorch same threads" for T in prefill_T)
+              + " | decode: speed-up vs PyTorch | prefill " + str(prefill_T[-1]) + " GFLOP/s (% of sgemm) | decode GB/s (% of read bw) |",
+              "|" + "---|" * (3 + len(prefill_T))]
+    for name, m in small.items():
+        t = _threads_of(name, threads_list)
+        torch_m = small.get(f"PyTorch {t}T")
+        row = [name]
+        for T in prefill_T:
+            row.append(_ratio(torch_m, m, f"prefill {T} s", lower_is_better=True) if torch_m and not name.startswith("PyTorch") else "-")
+        row.append(_ratio(torch_m, m, "decode tok/s", lower_is_better=False) if torch_m and not name.startswith("PyTorch") else "-")
+        T = prefill_T[-1]
+        if m.get(f"prefill {T} s"):
+            gf = prefill_flops(cfg, T) / stat(m[f"prefill {T} s"])[0] / 1e9
+            row.append(f"{gf:.0f} ({100 * gf / limits[f'sgemm GFLOP/s {t}T']:.0f}%)")
+        else:
+            row.append("-")
+        if m.get("decode tok/s"):
+            gb = decode_bytes(cfg) * stat(m["decode tok/s"])[0] / 1e9
+            row.append(f"{gb:.1f} ({100 * gb / limits[f'read GB/s {t}T']:.0f}%)")
+        else:
+            row.append("-")
+        lines.append("| " + " | ".join(row) + " |")
+    cy = [n for n in small if n.startswith("cyformer cython")]
+    if len(cy) >= 2:
+        a, b = small[cy[0]], small[cy[-1]]
+        T = prefill_T[-1]
+        lines += ["", f"Thread scaling of cyformer prefill T={T}: {cy[0]} / {cy[-1]} = "
+                  f"{stat(a[f'prefill {T} s'])[0] / stat(b[f'prefill {T} s'])[0]:.2f}x; decode: "
+                  f"{stat(b['decode tok/s'])[0] / stat(a['decode tok/s'])[0]:.2f}x"]
+    if rss:
+        lines += ["", "Peak RSS of a fresh process that loads GPT-2 small and generates "
+                  f"{n_new} tokens: " + ", ".join(f"{k} {v:.0f} MB" if v else f"{k} failed" for k, v in rss.items())
+                  + f" (weights {decode_bytes(cfg) / 1e6 + 4 * 1024 * 768 / 1e6:.0f} MB, KV cache for 1024 positions "
+                  f"{2 * 4 * 12 * 1024 * 768 / 1e6:.0f} MB)."]
+    if cache_cost:
+        lines += ["", "run_with_cache (every hook point) vs plain forward, GPT-2 small, T=128: "
+                  f"{fmt(cache_cost['ratio'], 'x', 2)} (plain {fmt(cache_cost['plain s'], ' s', 3)}, "
+                  f"cached {fmt(cache_cost['cached s'], ' s', 3)})"]
+    lines += ["", f"## Tiny geometry ({TINY['n_layer']} layers, d_model {TINY['n_embd']}, vocab {TINY['vocab_size']}), "
+              "where the naive pure-Python backend runs too", "",
+              f"| contender | prefill T={tiny_T} (ms) | decode (tokens/s, {tiny_new} new) | prefill speed-up vs naive |",
+              "|---|---|---|---|"]
+    naive = tinyres.get("cyformer naive", {})
+    for name, m in tinyres.items():
+        ratio = _ratio(naive, m, f"prefill {tiny_T} s", lower_is_better=True) if naive else "-"
+        lines.append(f"| {name} | {fmt([v * 1e3 for v in m.get(f'prefill {tiny_T} s', [])], digits=2)} | "
+                     f"{fmt(m.get('decode tok/s', []))} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def _threads_of(name, threads_list):
+    m = re.search(r"(\d+)T$", name)
+    return int(m.group(1)) if m else max(threads_list)
+
+
+def _ratio(ref, m, key, lower_is_better):
+    if not ref or not ref.get(key) or not m.get(key):
+        return "-"
+    r, v = stat(ref[key])[0], stat(m[key])[0]
+    return f"{(r / v if lower_is_better else v / r):.2f}x"
+
+
+def chart(small, prefill_T, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no chart", file=sys.stderr)
+        return
+    names = list(small)
+    T = prefill_T[-1]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title, scale in [(axes[0], f"prefill {T} s", f"prefill T={T} (s, lower is better)", 1),
+                                  (axes[1], "decode tok/s", "decode (tokens/s, higher is better)", 1)]:
+        meds = [stat(small[n][key])[0] * scale if small[n].get(key) else 0 for n in names]
+        los = [m - stat(small[n][key])[1] * scale if small[n].get(key) else 0 for n, m in zip(names, meds)]
+        his = [stat(small[n][key])[2] * scale - m if small[n].get(key) else 0 for n, m in zip(names, meds)]
+        colors = ["#1f77b4" if n.startswith("cyformer cython") else "#ff7f0e" if n.startswith("PyTorch") else "#7f7f7f"
+                  for n in names]
+        ax.barh(names, meds, xerr=[los, his], color=colors)
+        ax.set_title(title)
+        ax.invert_yaxis()
+    fig.suptitle("GPT-2 small, float32, batch 1 (median, min-max bars)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
