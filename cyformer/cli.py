@@ -2,6 +2,7 @@
 
     cyformer generate "def fib(n):"     stream a continuation from the default model
     cyformer info                       config, size and build of a model
+    cyformer inspect "def f(x):" --png attn.png    look inside one forward pass
 
 Standard output carries only text, so it pipes cleanly; statistics and errors
 go to standard error.  Errors print one line and exit non-zero.
@@ -90,6 +91,33 @@ def build_parser():
                                    "size and cyformer's build information.")
     _model_args(i)
     i.add_argument("--json", action="store_true", help="machine-readable output")
+
+    x = sub.add_parser(
+        "inspect", help="look inside one forward pass: attention patterns and the logit lens",
+        description="Run the prompt through the model once and show what happens inside: its "
+                    "tokens and the next-token prediction; with --layer/--head, where those "
+                    "attention heads look from the last token; with --logit-lens, what the "
+                    "residual stream after each layer would predict; with --png/--html, the "
+                    "attention patterns as pictures.",
+        epilog="Examples: cyformer inspect 'def add(a, b): return a + b' --layer 1 --png attn.png;  "
+               "cyformer inspect 'x = [1, 2, 3]' --logit-lens --html attn.html")
+    x.add_argument("prompt", help="text to run (use $'...' in bash for newlines)")
+    _model_args(x)
+    x.add_argument("--layer", type=_nonneg_int, default=None, metavar="L",
+                   help="attention of layer L only (default: every layer)")
+    x.add_argument("--head", type=_nonneg_int, default=None, metavar="H",
+                   help="attention head H only (default: every head)")
+    x.add_argument("--logit-lens", action="store_true",
+                   help="print the top token of each layer's residual stream at each position, "
+                        "read through the final layer norm and the unembedding")
+    x.add_argument("--png", metavar="FILE", default=None,
+                   help="write the chosen heads' attention patterns as a PNG heatmap "
+                        "(needs matplotlib: pip install 'cyformer[plot]')")
+    x.add_argument("--html", metavar="FILE", default=None,
+                   help="write them as a self-contained HTML page (one panel per head, "
+                        "token labels, values on hover)")
+    x.add_argument("-k", "--top-k", type=_positive_int, default=5, metavar="K",
+                   help="how many next-token candidates to print (default: 5)")
     return parser
 
 
@@ -161,6 +189,52 @@ def cmd_info(args):
     return 0
 
 
+def cmd_inspect(args):
+    import numpy as np
+
+    from .interp import export, lens
+
+    model = _load(args)
+    cfg = model.config
+    for name, value, n in (("layer", args.layer, cfg.n_layer), ("head", args.head, cfg.n_head)):
+        if value is not None and value >= n:
+            raise ValueError(f"--{name} {value}: this model has {name}s 0..{n - 1}")
+    ids = model.encode(args.prompt)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    layers = list(range(cfg.n_layer)) if args.layer is None else [args.layer]
+    heads = list(range(cfg.n_head)) if args.head is None else [args.head]
+    names = [f"blocks.{i}.attn.hook_pattern" for i in layers]
+    logits, cache = model.run_with_cache(ids, names=names)
+    labels = lens.token_labels(model, ids)
+    show = [repr(t) for t in labels]
+    print(f"tokens ({len(ids)}): " + " ".join(show))
+    last = logits[-1].astype(np.float64)
+    probs = np.exp(last - last.max())
+    probs /= probs.sum()
+    k = min(args.top_k, cfg.vocab_size)
+    top = np.argsort(-probs, kind="stable")[:k]
+    print("next token: " + "  ".join(f"{t!r} {p:.1%}" for t, p in
+                                     zip(lens.token_labels(model, top), probs[top])))
+    if args.layer is not None or args.head is not None:
+        print(f"attention from the last token {show[-1]}:")
+        for i in layers:
+            for h in heads:
+                row = cache[f"blocks.{i}.attn.hook_pattern"][h, -1]
+                best = np.argsort(-row, kind="stable")[:3]
+                print(f"  L{i} H{h}  " + "  ".join(f"{show[j]} {row[j]:.2f}" for j in best))
+    if args.logit_lens:
+        print("logit lens: the top token that each layer's residual stream (rows) predicts "
+              "at each position (columns)")
+        print(lens.logit_lens(model, ids, k=1).format())
+    patterns = {(i, h): cache[f"blocks.{i}.attn.hook_pattern"][h] for i in layers for h in heads}
+    for path, save in ((args.png, export.save_png), (args.html, export.save_html)):
+        if path:
+            save(path, labels, patterns)
+            print(f"[cyformer] wrote {len(patterns)} attention pattern(s) to {path}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -170,7 +244,7 @@ def main(argv=None):
     from .errors import CyformerError
 
     try:
-        return {"generate": cmd_generate, "info": cmd_info}[args.command](args)
+        return {"generate": cmd_generate, "info": cmd_info, "inspect": cmd_inspect}[args.command](args)
     except (CyformerError, ValueError, OSError) as e:
         if isinstance(e, BrokenPipeError):
             # The reader went away (e.g. `| head`): not an error of ours.  Point

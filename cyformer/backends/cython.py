@@ -145,10 +145,10 @@ class MLP:
                                self.c_proj.bias, out=resid, activation=self.act,
                                accumulate=resid is not None, threads=threads)
 
-    def hooked(self, x, threads, hooks, prefix, resid):
-        """A copy of ``resid`` with the MLP update added, reporting
-        ``mlp.hook_pre``, ``mlp.hook_post`` and ``hook_mlp_out`` on the way."""
-        post = None
+    def hooked(self, x, threads, hooks, prefix):
+        """The MLP update [T, C], reporting ``mlp.hook_pre``, ``mlp.hook_post``
+        and ``hook_mlp_out`` on the way; None when none of them is wanted
+        (the caller then adds the update with the fused kernel)."""
         if hooks.wants(prefix + "mlp.hook_pre"):
             pre = hooks(prefix + "mlp.hook_pre",
                         linalg.linear_forward(x, self.c_fc.weight, self.c_fc.bias, threads=threads))
@@ -156,23 +156,13 @@ class MLP:
         elif hooks.wants(prefix + "mlp.hook_post"):
             post = linalg.linear_forward(x, self.c_fc.weight, self.c_fc.bias,
                                          activation=self.act, threads=threads)
-        if post is not None:
-            post = hooks(prefix + "mlp.hook_post", post)
-        replaced = None
-        if hooks.wants(prefix + "hook_mlp_out"):
-            out = self(x, threads) if post is None else linalg.linear_forward(
-                post, self.c_proj.weight, self.c_proj.bias, threads=threads)
-            new = hooks(prefix + "hook_mlp_out", out)
-            replaced = None if new is out else new
-        resid = resid.copy()
-        if replaced is not None:
-            resid += replaced
-        elif post is not None:  # the fused kernel's second product, accumulating
-            linalg.linear_forward(post, self.c_proj.weight, self.c_proj.bias, out=resid,
-                                  accumulate=True, threads=threads)
+        elif hooks.wants(prefix + "hook_mlp_out"):
+            return hooks(prefix + "hook_mlp_out", self(x, threads))
         else:
-            self(x, threads, resid=resid)
-        return resid
+            return None
+        post = hooks(prefix + "mlp.hook_post", post)
+        out = linalg.linear_forward(post, self.c_proj.weight, self.c_proj.bias, threads=threads)
+        return hooks(prefix + "hook_mlp_out", out)
 
 
 class Block:
@@ -196,34 +186,38 @@ class Block:
     def hooked(self, resid, kv: KVCache, past, threads, hooks):
         """The same block through named hook points; returns a new resid.
 
-        An update (or a part of it) is computed on its own only when it is
-        wanted, and the residual stream still takes the fused kernels' own
-        accumulating sums, so hooks that return None change no bit of it.
+        An update is computed on its own only when it (or a part of it) is
+        wanted, and then added with one float32 add per element: bitwise what
+        the kernels' accumulate (out += x @ W + b) gives, so hooks that return
+        None change nothing.
         """
         p = self.prefix
         k_cache, v_cache = kv.layer(self.index)
         resid = hooks(p + "hook_resid_pre", resid)
         z = self.attn.hooked(self.ln_1.hooked(resid, threads, hooks, p + "ln1."),
                              k_cache, v_cache, past, threads, hooks, p + "attn.")
-        replaced = None  # an attention update other than the kernels' own
+        attn_out = None
         if hooks.wants(p + "attn.hook_result"):
             writes = self.attn.head_writes(z, threads).transpose(1, 0, 2)  # [T, H, C]
             new = hooks(p + "attn.hook_result", writes)
-            if new is not writes:
-                replaced = new.sum(axis=1, dtype=np.float32) + self.attn.c_proj.bias
-        if hooks.wants(p + "hook_attn_out"):
-            out = self.attn.out(z, threads) if replaced is None else replaced
-            new = hooks(p + "hook_attn_out", out)
-            if new is not out:
-                replaced = new
-        resid = resid.copy()
-        if replaced is None:
+            if new is not writes:  # changed writes: the update is their sum
+                attn_out = new.sum(axis=1, dtype=np.float32) + self.attn.c_proj.bias
+        if attn_out is None and hooks.wants(p + "hook_attn_out"):
+            attn_out = self.attn.out(z, threads)
+        if attn_out is None:
+            resid = resid.copy()
             self.attn.out(z, threads, resid=resid)
         else:
-            resid += replaced
+            resid = resid + hooks(p + "hook_attn_out", attn_out)
         resid = hooks(p + "hook_resid_mid", resid)
         x = self.ln_2.hooked(resid, threads, hooks, p + "ln2.")
-        return hooks(p + "hook_resid_post", self.mlp.hooked(x, threads, hooks, p, resid))
+        mlp_out = self.mlp.hooked(x, threads, hooks, p)
+        if mlp_out is None:
+            resid = resid.copy()
+            self.mlp(x, threads, resid=resid)
+        else:
+            resid = resid + mlp_out
+        return hooks(p + "hook_resid_post", resid)
 
 
 class CythonBackend:

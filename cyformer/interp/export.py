@@ -19,10 +19,14 @@ class PlotUnavailable(CyformerError, ImportError):
     """matplotlib is needed for PNG output and is not installed."""
 
 
+_VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\t": "\u2192"}
+
+
 def display_token(text):
-    """A token's text made visible: spaces as '·', newlines as '↵', tabs as '→'."""
-    text = text.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u2192")
-    return text if text else "\u2205"
+    """A token's text made visible: spaces as '·', newlines as '↵', tabs as '→',
+    other control characters escaped, the empty string as '∅'."""
+    out = "".join(_VISIBLE.get(ch, ch if ch.isprintable() else repr(ch)[1:-1]) for ch in text)
+    return out if out else "\u2205"
 
 
 def attention_patterns(model, prompt, layers=None, heads=None):
@@ -68,7 +72,7 @@ def save_png(path, tokens, patterns, dpi=110):
     panel = max(3.0, min(12.0, 0.28 * T)) if single else max(1.8, min(4.5, 0.16 * T + 0.6))
     show_labels = T <= (80 if single else 40)
     fontsize = max(4.0, min(9.0, 360.0 / max(T, 1) / (1 if single else max(nc, 2) / 2)))
-    fig = Figure(figsize=(panel * nc + (1.2 if single else 0.6), panel * nr + 0.8), dpi=dpi)
+    fig = Figure(figsize=(panel * nc + 1.2, panel * nr + 0.8), dpi=dpi, constrained_layout=True)
     FigureCanvasAgg(fig)
     mask = np.triu(np.ones((T, T), dtype=bool), k=1)
     axes = fig.subplots(nr, nc, squeeze=False)
@@ -86,13 +90,15 @@ def save_png(path, tokens, patterns, dpi=110):
                 ax.set_yticks(range(T), labels, fontsize=fontsize)
             if show_labels and (single or r == nr - 1):
                 ax.set_xticks(range(T), labels, fontsize=fontsize, rotation=90)
-    if single:
-        fig.colorbar(image, ax=axes[0][0], fraction=0.046, pad=0.04, label="attention weight")
-        axes[0][0].set_xlabel("key (attended to)")
-        axes[0][0].set_ylabel("query (attending)")
-    fig.suptitle("attention patterns: query rows over key columns", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
+    fig.colorbar(image, ax=[ax for row in axes for ax in row], shrink=0.8 if single else 0.6,
+                 label="attention weight")
+    for ax in axes[-1]:
+        ax.set_xlabel("key (attended to)", fontsize=8)
+    for row in axes:
+        row[0].set_ylabel("query (attending)", fontsize=8)
+    fig.suptitle("attention patterns: each row is one query position's weights over the keys",
+                 fontsize=10)
+    fig.savefig(path, bbox_inches="tight")
     return path
 
 

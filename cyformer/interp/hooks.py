@@ -92,7 +92,7 @@ def select(cfg, names, fn="run_with_cache"):
 
 def _hint(name, cfg):
     tail = name.rsplit(".", 1)[-1]
-    similar = [n for n in hook_names(cfg) if n.endswith("." + tail) or n == tail]
+    similar = [n for n in hook_names(cfg) if tail in n]
     if similar:
         return f"e.g. {similar[0]!r} (layers 0..{cfg.n_layer - 1})"
     return "model.hook_names() lists them"

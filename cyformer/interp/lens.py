@@ -63,16 +63,22 @@ class LogitLens:
     tokens: List[List[List[str]]]
 
     def format(self, width=10):
-        """A table: one row per layer, one column per position, the top-1 token in each cell."""
+        """A table: one row per layer, one column per position, the top-1 token
+        in each cell (cut to ``width`` characters)."""
+        from .export import display_token
+
+        texts = self.input_tokens + [t[0] for row in self.tokens for t in row]
+        width = max(1, min(width, max(len(display_token(t)) for t in texts)))
+
         def cell(text):
-            text = repr(text)[1:-1]
+            text = display_token(text)
             return (text if len(text) <= width else text[:width - 1] + "~").ljust(width)
 
         head = " " * 8 + " ".join(cell(t) for t in self.input_tokens)
-        rows = [head, "-" * len(head)]
+        rows = [head.rstrip(), "-" * len(head.rstrip())]
         for r, label in enumerate(self.labels):
-            rows.append(label.ljust(8) + " ".join(cell(self.tokens[r][t][0])
-                                                  for t in range(len(self.input_tokens))))
+            rows.append((label.ljust(8) + " ".join(cell(self.tokens[r][t][0])
+                                                   for t in range(len(self.input_tokens)))).rstrip())
         return "\n".join(rows)
 
 

@@ -36,6 +36,9 @@ class FactoredMatrix:
     Ra Rb.T; M's nonzero eigenvalues (m = n) are those of B @ A.
     """
 
+    # let ``ndarray @ FactoredMatrix`` reach __rmatmul__ instead of NumPy
+    __array_ufunc__ = None
+
     def __init__(self, A, B):
         A, B = np.asarray(A), np.asarray(B)
         if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
@@ -57,7 +60,7 @@ class FactoredMatrix:
 
     def __matmul__(self, other):
         if isinstance(other, FactoredMatrix):  # (A B)(C D) = A (B C D): stays thin
-            return FactoredMatrix(self.A, (self.B @ other.A) @ other.B)
+            return FactoredMatrix(self.A, (self.B.astype(np.float64) @ other.A) @ other.B)
         return self.A @ (self.B @ np.asarray(other))
 
     def __rmatmul__(self, other):
