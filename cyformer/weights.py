@@ -4,12 +4,26 @@ One explicit map from checkpoint names to parameters, every shape checked
 against the config.  Hugging Face's GPT-2 uses Conv1D layers, which store
 weights as [in, out]: exactly the layout the linear kernels read, so no
 tensor is transposed or copied after it is read.
+
+The file is parsed here rather than by the safetensors package, so that a
+truncated, corrupt or hostile file gives a ModelLoadError naming the file and
+tensor, never a crash, and so that bfloat16 (which NumPy lacks) can be read.
+The format (https://github.com/huggingface/safetensors#format):
+
+    8 bytes    N, little-endian unsigned: the header's length
+    N bytes    JSON: {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}
+    the rest   the data; offsets are relative to its start
+
+Every entry is checked (offsets inside the file, no two tensors overlapping,
+end - begin == itemsize x prod(shape)) before a byte of data is read, and
+nothing is ever unpickled.
 """
 
+import json
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Tuple
+from typing import NamedTuple, Tuple
 
 import numpy as np
 
@@ -19,6 +33,17 @@ from .errors import ModelLoadError
 # Tensors that hub checkpoints carry but that hold no parameters: the causal
 # mask buffers of older transformers versions.
 _BUFFERS = ("attn.bias", "attn.masked_bias")
+
+# Bytes per element of every safetensors dtype; sub-byte float types (F4,
+# F6_*) are left out and only accepted on tensors that are not read.
+ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+            "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+            "I64": 8, "U64": 8, "F64": 8}
+# The dtypes read as weights -> the NumPy dtype their raw bytes are read as.
+# BF16 is the top half of an F32, so it is read as uint16 and widened.
+FLOAT_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
+# The safetensors package refuses larger headers too.
+MAX_HEADER_BYTES = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -72,58 +97,204 @@ def _expected_shapes(cfg: Config):
     return shapes
 
 
-def _as_f32(name, arr, path):
-    if arr.dtype == np.float32:
-        out = arr
-    elif arr.dtype in (np.float16, np.float64):
-        out = arr.astype(np.float32)
-    else:
-        raise ModelLoadError(f"{path}: tensor {name!r} has dtype {arr.dtype}; expected a floating-point type")
-    out = np.ascontiguousarray(out)
-    out.flags.writeable = False  # weights are shared by every generation: never written
+class TensorInfo(NamedTuple):
+    """One header entry: where a tensor's bytes lie, relative to the data start."""
+
+    dtype: str
+    shape: Tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _short(v, n=80):
+    """repr(v), cut short: a corrupt header must not make a megabyte message."""
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + "..."
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _no_duplicates(pairs):
+    """object_pairs_hook for json: a repeated key is an error, not last-one-wins."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {_short(k)}")
+        out[k] = v
     return out
 
 
-def load_weights(path: str, cfg: Config) -> Weights:
-    """Read model.safetensors at ``path`` and check it against ``cfg``."""
+def _nbytes(dtype, shape, limit):
+    """itemsize x prod(shape), or limit + 1 as soon as it exceeds limit (a
+    hostile shape of many huge dimensions must not build a giant integer)."""
+    if 0 in shape:
+        return 0
+    n = ITEMSIZE[dtype]
+    for d in shape:
+        n *= d
+        if n > limit:
+            return limit + 1
+    return n
+
+
+def read_header(f, path, file_size):
+    """Parse and check the header of an open safetensors file.
+
+    Returns ({name: TensorInfo}, offset of the data in the file).  Raises
+    ModelLoadError for a truncated file, a header that is not a JSON object
+    of well-formed entries, offsets outside the data, overlapping tensors, or
+    byte counts that disagree with dtype x shape.
+    """
+    if file_size < 8:
+        raise ModelLoadError(f"{path}: truncated: {file_size} bytes, fewer than the 8-byte header length")
+    n = int.from_bytes(f.read(8), "little")
+    if n > file_size - 8:
+        raise ModelLoadError(f"{path}: header length {n} points past the end of the file "
+                             f"({file_size} bytes): truncated or not a safetensors file")
+    if n > MAX_HEADER_BYTES:
+        raise ModelLoadError(f"{path}: header length {n} exceeds {MAX_HEADER_BYTES} bytes")
+    raw = f.read(n)
+    if len(raw) != n:
+        raise ModelLoadError(f"{path}: truncated while reading the {n}-byte header")
     try:
-        from safetensors import SafetensorError, safe_open
-    except ImportError:  # pragma: no cover
-        raise ModelLoadError("the safetensors package is required to load weights") from None
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except UnicodeDecodeError as e:
+        raise ModelLoadError(f"{path}: header is not UTF-8 ({e.reason} at byte {8 + e.start})") from None
+    except (ValueError, RecursionError) as e:
+        raise ModelLoadError(f"{path}: header is not valid JSON ({str(e)[:200]})") from None
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: header must be a JSON object, got {type(header).__name__}")
+    data_start = 8 + n
+    data_size = file_size - data_start
+    entries = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            if e is not None and not isinstance(e, dict):
+                raise ModelLoadError(f"{path}: header __metadata__ must be an object, got {type(e).__name__}")
+            continue
+        where = f"{path}: tensor {_short(name)}"
+        if not isinstance(e, dict):
+            raise ModelLoadError(f"{where}: header entry must be an object, got {type(e).__name__}")
+        for key in ("dtype", "shape", "data_offsets"):
+            if key not in e:
+                raise ModelLoadError(f"{where}: header entry lacks {key!r}")
+        dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
+        if not isinstance(dtype, str):
+            raise ModelLoadError(f"{where}: dtype must be a string, got {_short(dtype)}")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise ModelLoadError(f"{where}: shape must be a list of non-negative integers, got {_short(shape)}")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise ModelLoadError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, "
+                                 f"got {_short(offsets)}")
+        begin, end = offsets
+        if end > data_size:
+            raise ModelLoadError(f"{where}: data_offsets [{begin}, {end}] point past the end of the "
+                                 f"data ({data_size} bytes): the file is truncated or corrupt")
+        if dtype in ITEMSIZE:
+            if _nbytes(dtype, shape, end - begin) != end - begin:
+                raise ModelLoadError(f"{where}: data_offsets [{begin}, {end}] span {end - begin} bytes, "
+                                     f"which is not what dtype {dtype} x shape {_short(shape)} needs")
+        entries[name] = TensorInfo(dtype, tuple(shape), begin, end)
+    spans = sorted((i.begin, i.end, name) for name, i in entries.items() if i.end > i.begin)
+    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise ModelLoadError(f"{path}: tensors {_short(a)} and {_short(b)} overlap in the file")
+    return entries, data_start
+
+
+def _read_tensor(f, path, name, info: TensorInfo, data_start):
+    """The tensor's bytes as a fresh, aligned float32 array of info.shape."""
+    raw = np.empty(info.shape, dtype=np.dtype(FLOAT_DTYPES[info.dtype]))
+    buf = memoryview(raw.reshape(-1)).cast("B")
+    f.seek(data_start + info.begin)
+    got = 0
+    while got < len(buf):
+        k = f.readinto(buf[got:])
+        if not k:
+            raise ModelLoadError(f"{path}: tensor {name!r}: file ended after {got} of its "
+                                 f"{len(buf)} bytes (truncated while being read?)")
+        got += k
+    if info.dtype == "BF16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    if raw.dtype != np.float32:  # F16, F64, or F32 on a big-endian machine
+        with np.errstate(over="ignore"):  # F64 beyond float32's range becomes Inf: warned below
+            return raw.astype(np.float32)
+    return raw
+
+
+def _checkpoint_missing(path):
+    d = os.path.dirname(path) or "."
+    if os.path.exists(path):
+        return ModelLoadError(f"{path}: model.safetensors is not a regular file")
+    if os.path.exists(os.path.join(d, "model.safetensors.index.json")):
+        return ModelLoadError(f"{path}: model.safetensors not found; sharded checkpoints "
+                              "(model.safetensors.index.json) are not supported")
+    if os.path.exists(os.path.join(d, "pytorch_model.bin")):
+        return ModelLoadError(f"{path}: model.safetensors not found; pytorch_model.bin is a pickle "
+                              "and is never loaded (convert it with safetensors first)")
+    return ModelLoadError(f"{path}: model.safetensors not found")
+
+
+def _map_names(entries, path):
+    """Checkpoint names -> names without the "transformer." prefix of GPT2LMHeadModel."""
+    prefix = "transformer." if any(k.startswith("transformer.") for k in entries) else ""
+    present = {}
+    for k in entries:
+        short = k[len(prefix):] if k.startswith(prefix) else k
+        if short in present:
+            raise ModelLoadError(f"{path}: tensors {_short(present[short])} and {_short(k)} are the same parameter")
+        present[short] = k
+    return prefix, present
+
+
+def load_weights(path: str, cfg: Config) -> Weights:
+    """Read model.safetensors at ``path`` and check it against ``cfg``.
+
+    Float16, bfloat16 and float64 tensors are converted to float32; integer
+    tensors are refused.  NaN or Inf in a tensor is warned about.  Raises
+    ModelLoadError naming the file and tensor for anything malformed.
+    """
     if not os.path.isfile(path):
-        raise ModelLoadError(f"{path}: model.safetensors not found")
+        raise _checkpoint_missing(path)
     expected = _expected_shapes(cfg)
     tensors = {}
     try:
-        with safe_open(path, framework="numpy") as f:
-            keys = list(f.keys())
-            prefix = "transformer." if any(k.startswith("transformer.") for k in keys) else ""
-            present = {}
-            for k in keys:
-                short = k[len(prefix):] if k.startswith(prefix) else k
-                present[short] = k
-            for name, shape in expected.items():
+        with open(path, "rb") as f:
+            entries, data_start = read_header(f, path, os.fstat(f.fileno()).st_size)
+            prefix, present = _map_names(entries, path)
+            for name in expected:
                 if name not in present:
-                    raise ModelLoadError(f"{path}: missing tensor {prefix + name!r}")
+                    some = sorted(entries)[:3]
+                    raise ModelLoadError(f"{path}: missing tensor {prefix + name!r} "
+                                         f"(the file holds {len(entries)} tensors, e.g. {_short(some)})")
             unexpected = [k for short, k in present.items()
                           if short not in expected and short != "lm_head.weight"
                           and not short.endswith(_BUFFERS)]
             if unexpected:
-                warnings.warn(f"{path}: ignoring {len(unexpected)} unexpected tensor(s), e.g. {unexpected[:3]}")
+                warnings.warn(f"{path}: ignoring {len(unexpected)} unexpected tensor(s), e.g. {_short(unexpected[:3])}")
             names = list(expected) + (["lm_head.weight"] if "lm_head.weight" in present else [])
+            # Check every dtype and shape before reading any data.
             for name in names:
-                arr = _as_f32(present[name], f.get_tensor(present[name]), path)
+                key, info = present[name], entries[present[name]]
+                if info.dtype not in FLOAT_DTYPES:
+                    raise ModelLoadError(f"{path}: tensor {key!r} has dtype {info.dtype[:40]}; expected a "
+                                         f"floating-point type ({', '.join(FLOAT_DTYPES)})")
                 want = expected.get(name, (cfg.vocab_size, cfg.n_embd))
-                if arr.shape != want:
+                if info.shape != want:
                     raise ModelLoadError(
-                        f"{path}: tensor {present[name]!r} has shape {arr.shape}, expected {want} from config.json")
+                        f"{path}: tensor {key!r} has shape {info.shape}, expected {want} from config.json")
+            for name in names:
+                key = present[name]
+                arr = _read_tensor(f, path, key, entries[key], data_start)
                 if not np.isfinite(arr).all():
-                    warnings.warn(f"{path}: tensor {present[name]!r} contains NaN or Inf")
+                    warnings.warn(f"{path}: tensor {key!r} contains NaN or Inf")
+                arr.flags.writeable = False  # weights are shared by every generation: never written
                 tensors[name] = arr
-    except ModelLoadError:
-        raise
-    except (SafetensorError, OSError, ValueError, TypeError) as e:
-        raise ModelLoadError(f"{path}: not a readable safetensors file ({e})") from None
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
 
     def ln(p):
         return LayerNormWeights(tensors[p + ".weight"], tensors[p + ".bias"])

@@ -21,3 +21,27 @@ WHEEL=$(ls dist/cyformer-*.whl)
 cd "$VENV"
 "$VENV/bin/python" -c "import cyformer, json; print(json.dumps(cyformer.build_info()))"
 "$VENV/bin/python" -m pytest -p no:cacheprovider --rootdir "$ROOT" "$ROOT/tests" "$@"
+
+# Debug build: the same kernels with bounds and wraparound checks on
+# (CYFORMER_DEBUG=1, see setup.py), one ISA level to keep the build short, run
+# against the kernel tests and the kernel fuzz properties, so an out-of-bounds
+# index is an IndexError here instead of silent corruption.  It is built from
+# a copy of the tree so that ./build keeps the release objects; afterwards the
+# release wheel is put back.
+DEBUG_SRC=$(mktemp -d)
+trap 'rm -rf "$DEBUG_SRC"' EXIT
+if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    # tracked and untracked-but-not-ignored files that exist (no build/, no dist/)
+    (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
+        | while IFS= read -r -d '' f; do if [ -f "$f" ]; then printf '%s\0' "$f"; fi; done \
+        | xargs -0 cp --parents -t "$DEBUG_SRC")
+else
+    tar -C "$ROOT" --exclude=./build --exclude=./dist -cf - . | tar -C "$DEBUG_SRC" -xf -
+fi
+(cd "$DEBUG_SRC" && CYFORMER_DEBUG=1 CYFORMER_ISA=v2 "$VENV/bin/python" -m pip wheel --quiet --no-deps \
+    --wheel-dir "$DEBUG_SRC/dist" .)
+"$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$DEBUG_SRC"/dist/cyformer-*.whl
+"$VENV/bin/python" -c "import cyformer, sys; info = cyformer.build_info(); print('debug build:', info['isa']); sys.exit(not info['debug'])"
+"$VENV/bin/python" -m pytest -p no:cacheprovider --rootdir "$ROOT" "$ROOT/tests/test_kernels.py" \
+    "$ROOT/tests/test_fuzz.py" -k kernel
+"$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$ROOT/$WHEEL"
