@@ -217,12 +217,12 @@ def cmd_inspect(args):
     print("next token: " + "  ".join(f"{t!r} {p:.1%}" for t, p in
                                      zip(lens.token_labels(model, top), probs[top])))
     if args.layer is not None or args.head is not None:
-        print(f"attention from the last token {show[-1]}:")
+        print(f"attention from the last token {show[-1]} (#position token weight):")
         for i in layers:
             for h in heads:
                 row = cache[f"blocks.{i}.attn.hook_pattern"][h, -1]
                 best = np.argsort(-row, kind="stable")[:3]
-                print(f"  L{i} H{h}  " + "  ".join(f"{show[j]} {row[j]:.2f}" for j in best))
+                print(f"  L{i} H{h}  " + "  ".join(f"#{j} {show[j]} {row[j]:.2f}" for j in best))
     if args.logit_lens:
         print("logit lens: the top token that each layer's residual stream (rows) predicts "
               "at each position (columns)")

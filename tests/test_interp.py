@@ -252,6 +252,18 @@ def test_pattern_and_score_replacements_reach_z(odd):
     np.testing.assert_allclose(flat, logits, **TOL)
 
 
+def test_a_replaced_layer_norm_scale_is_used(odd):
+    ids = ids_for(odd, 6, seed=11)
+    same = odd.run_with_hooks(ids, fwd_hooks=[("blocks.1.ln2.hook_scale", lambda s, n: s.copy())])
+    np.testing.assert_allclose(same, odd.forward(ids), **TOL)
+    # doubling the final scale halves the normalised stream before the bias
+    _, cache = odd.run_with_cache(ids, names=["ln_final.hook_normalized"],
+                                  fwd_hooks=[("ln_final.hook_scale", lambda s, n: 2 * s)])
+    _, plain = odd.run_with_cache(ids, names=["ln_final.hook_normalized"])
+    b = odd.weights.ln_f.bias
+    np.testing.assert_allclose(cache["ln_final.hook_normalized"] - b, (plain["ln_final.hook_normalized"] - b) / 2, **TOL)
+
+
 def test_activation_patching(odd):
     clean, corrupt = ids_for(odd, 10, seed=5), ids_for(odd, 10, seed=6)
     _, clean_cache = odd.run_with_cache(clean)

@@ -106,6 +106,7 @@ _CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 h1 { font-size: 1.2em; } h2 { font-size: 1em; margin: 1.2em 0 .4em; }
 .prompt { font-family: ui-monospace, monospace; white-space: pre-wrap; background: #f6f6f6; padding: .5em; }
+.prompt span:nth-child(even) { background: #dde6f3; }
 .panels { display: flex; flex-wrap: wrap; gap: 1.2em; align-items: flex-start; }
 .panel h3 { font-size: .9em; margin: 0 0 .3em; }
 table.attn { border-collapse: collapse; font-family: ui-monospace, monospace; font-size: 11px; }
@@ -138,8 +139,9 @@ def save_html(path, tokens, patterns, title="cyformer attention"):
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>",
-             f'<div class="prompt">{"".join(f"<span title={i}>{t}</span>" for i, t in enumerate(esc))}</div>',
-             '<p class="note">Each panel is one head. Row: the query position attending; column: '
+             '<div class="prompt">' + "".join(f'<span title="token {i}">{html.escape(t)}</span>'
+                                              for i, t in enumerate(tokens)) + "</div>",
+             '<p class="note">The prompt above shades alternate tokens. Each panel is one head. Row: the query position attending; column: '
              "the key position attended to; darker is more weight (rows sum to 1). Hover a cell "
              "for its value. Grey cells are masked: a position never sees later ones.</p>"]
     layers = sorted({i for i, _ in patterns})
