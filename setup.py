@@ -28,7 +28,7 @@ import tempfile
 import textwrap
 import warnings
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -119,6 +119,8 @@ def generate_level_sources(level):
 
 
 def extensions(levels, omp):
+    import numpy
+
     """The extension modules: the runtime helper plus every kernel module per level."""
     omp_c, omp_l = omp if omp else ([], [])
     base = ["-O1", "-g"] if DEBUG else ["-O3"]
@@ -139,7 +141,8 @@ def extensions(levels, omp):
                 Extension(
                     f"cyformer._kernels_{level}.{mod}",
                     [os.path.join(pkg, f"{mod}.pyx")],
-                    include_dirs=[pkg],
+                    include_dirs=[pkg, numpy.get_include()],
+                    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                     extra_compile_args=base + flags + omp_c,
                     extra_link_args=omp_l,
                 )
@@ -208,8 +211,8 @@ class BuildExt(build_ext):
 LEVELS = isa_levels()
 level_pkgs = {f"cyformer._kernels_{lv}": generate_level_sources(lv) for lv in LEVELS}
 setup(
-    packages=["cyformer", *level_pkgs],
-    package_dir={"cyformer": "cyformer", **{k: os.path.relpath(v, HERE) for k, v in level_pkgs.items()}},
+    packages=[*find_packages(include=["cyformer", "cyformer.*"]), *level_pkgs],
+    package_dir={**{k: os.path.relpath(v, HERE) for k, v in level_pkgs.items()}},
     package_data={
         "cyformer": ["data/*/*.json", "data/*/*.safetensors", "data/*/*.md"],
         **{k: ["*.pxd", "*.h"] for k in level_pkgs},

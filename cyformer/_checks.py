@@ -5,6 +5,7 @@ guard between a caller and memory corruption: each one raises ValueError with
 a message that names the function and the offending argument.
 """
 
+import functools
 import numbers
 import os
 
@@ -38,13 +39,15 @@ def same_dim(fn, name, a, axis, expected, what):
         raise ValueError(f"{fn}: {name}.shape[{axis}] must equal {what} ({expected}), got shape {a.shape}")
 
 
-def no_overlap(fn, name, out, **inputs):
+def no_overlap(fn, name, arr, /, **inputs):
     for other_name, other in inputs.items():
-        if other is not None and np.may_share_memory(out, other):
+        if other is not None and np.may_share_memory(arr, other):
             raise ValueError(f"{fn}: {name} must not share memory with {other_name}")
 
 
 def integer(fn, name, value):
+    if type(value) is int:  # the common case, without the slower ABC check below
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{fn}: {name} must be an integer, got {value!r}")
     return int(value)
@@ -83,21 +86,33 @@ def available_cores():
 
 def default_threads():
     """OMP_NUM_THREADS when set, else the cores in this process's affinity mask."""
-    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return _default_threads(os.environ.get("OMP_NUM_THREADS", ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _default_threads(omp_env):
+    # cached per value of OMP_NUM_THREADS: reading the affinity mask is a system call
+    env = omp_env.split(",")[0].strip()
     if env:
         try:
             n = int(env)
             if n >= 1:
-                return n
+                return min(n, MAX_THREADS)
         except ValueError:
             pass
     return available_cores()
 
 
+# More OpenMP threads than this is a mistake, and libgomp can crash on them.
+MAX_THREADS = 1024
+
+
 def threads(fn, n):
     if n is None:
         return default_threads()
+    if type(n) is int and 1 <= n <= MAX_THREADS:
+        return n
     n = integer(fn, "threads", n)
-    if n < 1:
-        raise ValueError(f"{fn}: threads must be >= 1, got {n}")
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"{fn}: threads must be in [1, {MAX_THREADS}], got {n}")
     return n

@@ -45,7 +45,12 @@ class GeneratedIds(list):
 def _check_stop(stop, has_text):
     if stop is None:
         return [], set()
-    items = [stop] if isinstance(stop, (str, numbers.Integral)) else list(stop)
+    if isinstance(stop, (str, numbers.Integral)):
+        items = [stop]
+    elif isinstance(stop, (list, tuple, set, frozenset)):
+        items = list(stop)
+    else:
+        raise ValueError(f"stop must be a string, a token id or a list of them, got {stop!r}")
     strings, ids = [], set()
     for s in items:
         if isinstance(s, str):

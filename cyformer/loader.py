@@ -25,7 +25,10 @@ def load(path=None, *, threads=None, backend="cython"):
     "numpy" (vectorised reference) or "naive" (pure-Python teaching code).  Raises ModelLoadError naming the file, key or tensor
     that is missing or malformed.
     """
-    path = default_model_path() if path is None else os.fspath(path)
+    try:
+        path = default_model_path() if path is None else os.fspath(path)
+    except TypeError:
+        raise ValueError(f"load: path must be a str or os.PathLike, got {path!r}") from None
     if not os.path.isdir(path):
         raise ModelLoadError(f"{path}: model directory not found")
     cfg = read_config(os.path.join(path, "config.json"))

@@ -174,6 +174,8 @@ def check_ids(ids, cfg: Config, fn="forward"):
     if arr.ndim not in (1, 2):
         raise ValueError(f"{fn}: ids must be 1-D [T] or 2-D [B, T], got shape {arr.shape}")
     batched = arr.ndim == 2
+    if arr.size == 0:
+        raise ValueError(f"{fn}: ids must hold at least one token, got shape {arr.shape}")
     arr = arr.reshape(-1, arr.shape[-1]) if batched else arr[None, :]
     if arr.shape[0] < 1 or arr.shape[1] < 1:
         raise ValueError(f"{fn}: ids must hold at least one token, got shape {arr.shape}")

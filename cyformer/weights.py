@@ -5,9 +5,10 @@ against the config.  Hugging Face's GPT-2 uses Conv1D layers, which store
 weights as [in, out]: exactly the layout the linear kernels read, so no
 tensor is transposed or copied after it is read.
 
-The file is parsed here rather than by the safetensors package, so that a
-truncated, corrupt or hostile file gives a ModelLoadError naming the file and
-tensor, never a crash, and so that bfloat16 (which NumPy lacks) can be read.
+The header is parsed and validated here before the safetensors package reads
+any data, so that a truncated, corrupt or hostile file gives a ModelLoadError
+naming the file and tensor, never a crash; bfloat16 (which NumPy lacks) is
+read raw and widened.
 The format (https://github.com/huggingface/safetensors#format):
 
     8 bytes    N, little-endian unsigned: the header's length
@@ -202,11 +203,25 @@ def read_header(f, path, file_size):
     for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
         if begin_b < end_a:
             raise ModelLoadError(f"{path}: tensors {_short(a)} and {_short(b)} overlap in the file")
+    # The format (and the safetensors package) wants the data to end exactly
+    # where the last tensor does.
+    data_end = max((i.end for i in entries.values()), default=0)
+    if data_start + data_end != file_size:
+        raise ModelLoadError(f"{path}: {file_size - data_start - data_end} bytes after the last tensor "
+                             "(not a well-formed safetensors file)")
     return entries, data_start
 
 
-def _read_tensor(f, path, name, info: TensorInfo, data_start):
-    """The tensor's bytes as a fresh, aligned float32 array of info.shape."""
+def _read_tensor(f, st, path, name, info: TensorInfo, data_start):
+    """The tensor as a fresh float32 array of info.shape.  Read through the
+    safetensors package (``st``, a safe_open handle) once the header has been
+    validated; bfloat16, which NumPy lacks, is read raw and widened."""
+    if info.dtype != "BF16":
+        arr = st.get_tensor(name)
+        if arr.dtype != np.float32:  # F16, F64
+            with np.errstate(over="ignore"):  # F64 beyond float32's range becomes Inf: warned below
+                arr = arr.astype(np.float32)
+        return np.ascontiguousarray(arr)
     raw = np.empty(info.shape, dtype=np.dtype(FLOAT_DTYPES[info.dtype]))
     buf = memoryview(raw.reshape(-1)).cast("B")
     f.seek(data_start + info.begin)
@@ -286,13 +301,19 @@ def load_weights(path: str, cfg: Config) -> Weights:
                 if info.shape != want:
                     raise ModelLoadError(
                         f"{path}: tensor {key!r} has shape {info.shape}, expected {want} from config.json")
-            for name in names:
-                key = present[name]
-                arr = _read_tensor(f, path, key, entries[key], data_start)
-                if not np.isfinite(arr).all():
-                    warnings.warn(f"{path}: tensor {key!r} contains NaN or Inf")
-                arr.flags.writeable = False  # weights are shared by every generation: never written
-                tensors[name] = arr
+            from safetensors import SafetensorError, safe_open
+
+            try:
+                with safe_open(path, framework="numpy") as st:
+                    for name in names:
+                        key = present[name]
+                        arr = _read_tensor(f, st, path, key, entries[key], data_start)
+                        if not np.isfinite(arr).all():
+                            warnings.warn(f"{path}: tensor {key!r} contains NaN or Inf")
+                        arr.flags.writeable = False  # shared by every generation: never written
+                        tensors[name] = arr
+            except SafetensorError as e:  # the header passed our checks, so this is rare
+                raise ModelLoadError(f"{path}: the safetensors package could not read it ({e})") from None
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
 

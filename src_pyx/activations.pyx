@@ -4,9 +4,13 @@ from cython.parallel cimport prange
 
 import numpy as np
 
-from ._util cimport wptr
+cimport numpy as cnp
+
+from ._util cimport f32, wptr
 
 from cyformer import _checks
+
+cnp.import_array()
 
 GELU_KINDS = {"gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
 
@@ -36,8 +40,8 @@ def gelu_inplace(x, kind="gelu_new", threads=None):
 
     kind: "gelu_new" (tanh approximation, GPT-2) or "gelu" (exact, erf).
     """
-    _checks.f32("gelu", "x", x, None, writable=True)
-    if kind not in GELU_KINDS:
+    f32("gelu", "x", x, -1, True)
+    if not isinstance(kind, str) or kind not in GELU_KINDS:
         raise ValueError(f"gelu: kind must be one of {sorted(GELU_KINDS)}, got {kind!r}")
     cdef int nt = _checks.threads("gelu", threads)
     cdef float* px = wptr(x)
@@ -53,7 +57,7 @@ def softmax_inplace(x, threads=None):
 
     Rows that are entirely -inf come out uniform instead of NaN.
     """
-    _checks.f32("softmax", "x", x, None, writable=True)
+    f32("softmax", "x", x, -1, True)
     if x.ndim == 0 or x.shape[x.ndim - 1] == 0:
         raise ValueError(f"softmax: x needs a non-empty last axis, got shape {x.shape}")
     cdef int nt = _checks.threads("softmax", threads)

@@ -21,7 +21,9 @@ from libc.math cimport sqrt, INFINITY
 
 import numpy as np
 
-from ._util cimport cptr, wptr
+cimport numpy as cnp
+
+from ._util cimport cptr, f32, wptr
 from .activations cimport softmax_row
 
 cdef extern from "simd.h" nogil:
@@ -32,6 +34,8 @@ cdef enum:
     KEY_BLOCK = 64  # key positions scored per register-resident strip
 
 from cyformer import _checks
+
+cnp.import_array()
 
 
 cdef Py_ssize_t attention_scratch_size(Py_ssize_t cap, Py_ssize_t d_head) noexcept nogil:
@@ -109,9 +113,9 @@ def attention_forward(qkv, k_cache, v_cache, past, out=None, scores=None, patter
     Returns out.
     """
     fn = "attention"
-    _checks.f32(fn, "qkv", qkv, 2)
-    _checks.f32(fn, "k_cache", k_cache, 3, writable=True)
-    _checks.f32(fn, "v_cache", v_cache, 3, writable=True)
+    f32(fn, "qkv", qkv, 2)
+    f32(fn, "k_cache", k_cache, 3, True)
+    f32(fn, "v_cache", v_cache, 3, True)
     cdef Py_ssize_t H = k_cache.shape[0], D = k_cache.shape[1], cap = k_cache.shape[2]
     cdef Py_ssize_t T = qkv.shape[0], C = H * D
     if H < 1 or D < 1:
@@ -130,13 +134,16 @@ def attention_forward(qkv, k_cache, v_cache, past, out=None, scores=None, patter
     if out is None:
         out = np.empty((T, C), dtype=np.float32)
     else:
-        _checks.f32(fn, "out", out, 2, writable=True)
+        f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, C))
         _checks.no_overlap(fn, "out", out, qkv=qkv, k_cache=k_cache, v_cache=v_cache)
     for name, arr in (("scores", scores), ("pattern", pattern)):
         if arr is not None:
-            _checks.f32(fn, name, arr, 3, writable=True)
+            f32(fn, name, arr, 3, True)
             _checks.shape(fn, name, arr, (H, T, S))
+            _checks.no_overlap(fn, name, arr, qkv=qkv, k_cache=k_cache, v_cache=v_cache, out=out)
+    if scores is not None:
+        _checks.no_overlap(fn, "scores", scores, pattern=pattern)
     cdef int nt = _checks.threads(fn, threads)
     scratch = np.empty(nt * attention_scratch_size(cap, D), dtype=np.float32)
     cdef float* pz = wptr(out)

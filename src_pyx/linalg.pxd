@@ -10,8 +10,8 @@
 # and threads split outputs (column strips), never the summed dimension, so
 # results are bitwise identical at any thread count.
 
-# Floats of scratch memory that linear() needs per thread.
-cdef Py_ssize_t linear_scratch_size(Py_ssize_t K) noexcept nogil
+# Floats of scratch memory that linear() needs per thread for T rows.
+cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K) noexcept nogil
 
 cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 

@@ -16,10 +16,14 @@ from libc.string cimport memset
 
 import numpy as np
 
-from ._util cimport cptr, wptr
+cimport numpy as cnp
+
+from ._util cimport cptr, f32, wptr
 from .activations cimport gelu_erf, ACT_NONE, ACT_GELU_NEW, ACT_GELU_ERF
 
 from cyformer import _checks
+
+cnp.import_array()
 
 cdef extern from "simd.h" nogil:
     enum:
@@ -39,12 +43,16 @@ cdef enum:
     # Most columns per matrix-vector work item: its accumulators (8 KB) stay
     # in L1 while each row of W streams past as one contiguous run.
     GEMV_COLS = 2048
+    # Columns per packed GEMM panel (8 strips): the unit of work per thread.
+    GEMM_NC = 128
 
 ACTIVATIONS = {"none": ACT_NONE, "gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
 
 
-cdef Py_ssize_t linear_scratch_size(Py_ssize_t K) noexcept nogil:
-    return K * CYF_NR + CYF_MR * CYF_NR + GEMV_COLS
+cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K) noexcept nogil:
+    if T < MATVEC_ROWS:
+        return GEMV_COLS              # the accumulators of one column range
+    return K * GEMM_NC + CYF_MR * CYF_NR  # a packed panel and one output tile
 
 
 cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
@@ -72,44 +80,58 @@ cdef inline void _finish(float* dst, float* acc, const float* bias, Py_ssize_t n
             dst[j] = acc[j]
 
 
-cdef void _pack_strip(float* pack, const float* W, Py_ssize_t K, Py_ssize_t N,
-                      Py_ssize_t n0, Py_ssize_t nw, bint w_t) noexcept nogil:
-    # pack[k, j] = W(k, n0 + j) for j < nw, zero-padded to CYF_NR columns.
-    cdef Py_ssize_t k, j
-    if nw < CYF_NR:
-        memset(pack, 0, K * CYF_NR * sizeof(float))
-    if w_t:  # W is [N, K]: each packed column is a contiguous row of W
-        for j in range(nw):
+cdef void _pack_panel(float* pack, const float* W, Py_ssize_t K, Py_ssize_t N,
+                      Py_ssize_t n0, Py_ssize_t pw, bint w_t) noexcept nogil:
+    # Columns n0 .. n0+pw of W into 16-column strips: pack[s][k][j] =
+    # W(k, n0 + 16 s + j), the last strip zero-padded.  W is read in its own
+    # memory order (whole row runs), which is what keeps this cheap when W
+    # comes from DRAM.
+    cdef Py_ssize_t nstr = (pw + CYF_NR - 1) // CYF_NR
+    cdef Py_ssize_t k, j, c
+    cdef const float* row
+    if pw % CYF_NR:
+        memset(pack + (nstr - 1) * K * CYF_NR, 0, K * CYF_NR * sizeof(float))
+    if w_t:  # W is [N, K]: each output column is a contiguous row of W
+        for c in range(pw):
+            row = W + (n0 + c) * K
             for k in range(K):
-                pack[k * CYF_NR + j] = W[(n0 + j) * K + k]
+                pack[(c // CYF_NR) * K * CYF_NR + k * CYF_NR + c % CYF_NR] = row[k]
     else:
         for k in range(K):
-            for j in range(nw):
-                pack[k * CYF_NR + j] = W[k * N + n0 + j]
+            row = W + k * N + n0
+            for c in range(pw):
+                pack[(c // CYF_NR) * K * CYF_NR + k * CYF_NR + c % CYF_NR] = row[c]
 
 
 cdef void _gemm(float* out, const float* x, const float* W, const float* b,
                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
-    cdef Py_ssize_t nstrips = (N + CYF_NR - 1) // CYF_NR
-    cdef Py_ssize_t s, n0, nw, tt, t0, r, j
+    # Panels of GEMM_NC columns are split over threads.  Each panel is packed
+    # once, then every 6-row tile of x (in L1) runs across the panel's strips
+    # (in L2), each output tile finished in registers by the 6x16 kernel.
+    cdef Py_ssize_t npanels = (N + GEMM_NC - 1) // GEMM_NC
+    cdef Py_ssize_t p, n0, pw, nstr, si, ns0, nw, tt, t0, r
     cdef int rows
     cdef float* pack
     cdef float* tile
     with parallel(num_threads=nthreads):
-        pack = scratch + threadid() * linear_scratch_size(K)
-        tile = pack + K * CYF_NR
-        for s in prange(nstrips, schedule="static"):
-            n0 = s * CYF_NR
-            nw = N - n0 if N - n0 < CYF_NR else CYF_NR
-            _pack_strip(pack, W, K, N, n0, nw, w_t)
+        pack = scratch + threadid() * linear_scratch_size(T, K)
+        tile = pack + K * GEMM_NC
+        for p in prange(npanels, schedule="static"):
+            n0 = p * GEMM_NC
+            pw = N - n0 if N - n0 < GEMM_NC else GEMM_NC
+            nstr = (pw + CYF_NR - 1) // CYF_NR
+            _pack_panel(pack, W, K, N, n0, pw, w_t)
             for tt in range((T + CYF_MR - 1) // CYF_MR):
                 t0 = tt * CYF_MR
                 rows = <int>(T - t0 if T - t0 < CYF_MR else CYF_MR)
-                cyf_gemm_tile(x + t0 * K, K, rows, pack, K, tile)
-                for r in range(rows):
-                    _finish(out + (t0 + r) * N + n0, tile + r * CYF_NR,
-                            b + n0 if b != NULL else NULL, nw, act, accumulate)
+                for si in range(nstr):
+                    ns0 = n0 + si * CYF_NR
+                    nw = N - ns0 if N - ns0 < CYF_NR else CYF_NR
+                    cyf_gemm_tile(x + t0 * K, K, rows, pack + si * K * CYF_NR, K, tile)
+                    for r in range(rows):
+                        _finish(out + (t0 + r) * N + ns0, tile + r * CYF_NR,
+                                b + ns0 if b != NULL else NULL, nw, act, accumulate)
 
 
 cdef void _gemv(float* out, const float* x, const float* W, const float* b,
@@ -127,7 +149,7 @@ cdef void _gemv(float* out, const float* x, const float* W, const float* b,
     cdef float* acc
     cdef const float* xt
     with parallel(num_threads=nthreads):
-        acc = scratch + threadid() * linear_scratch_size(K)
+        acc = scratch + threadid() * linear_scratch_size(T, K)
         for c in prange(nchunks, schedule="static"):
             n0 = c * per
             nw = N - n0 if N - n0 < per else per
@@ -175,8 +197,8 @@ cdef void embed(float* out, const long long* ids, const float* wte, const float*
 
 def dot_product(a, b):
     """sum(a * b) for two 1-D float32 arrays of equal length."""
-    _checks.f32("dot", "a", a, 1)
-    _checks.f32("dot", "b", b, 1)
+    f32("dot", "a", a, 1)
+    f32("dot", "b", b, 1)
     _checks.same_dim("dot", "b", b, 0, a.shape[0], "len(a)")
     cdef const float* pa = cptr(a)
     cdef const float* pb = cptr(b)
@@ -197,15 +219,15 @@ def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="no
     activation: "none", "gelu_new" (tanh approximation) or "gelu" (erf).
     """
     fn = "linear"
-    _checks.f32(fn, "x", x, 2)
-    _checks.f32(fn, "W", W, 2)
+    f32(fn, "x", x, 2)
+    f32(fn, "W", W, 2)
     cdef Py_ssize_t T = x.shape[0], K = x.shape[1]
     cdef Py_ssize_t N = W.shape[0] if w_transposed else W.shape[1]
     _checks.same_dim(fn, "W", W, 1 if w_transposed else 0, K, "x.shape[1]")
     if b is not None:
-        _checks.f32(fn, "b", b, 1)
+        f32(fn, "b", b, 1)
         _checks.same_dim(fn, "b", b, 0, N, "the output width")
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     if accumulate and activation != "none":
         raise ValueError("linear: accumulate=True cannot be combined with an activation")
@@ -214,11 +236,11 @@ def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="no
             raise ValueError("linear: accumulate=True needs an out array to add into")
         out = np.empty((T, N), dtype=np.float32)
     else:
-        _checks.f32(fn, "out", out, 2, writable=True)
+        f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, N))
         _checks.no_overlap(fn, "out", out, x=x, W=W, b=b)
     cdef int nt = _checks.threads(fn, threads)
-    scratch = np.empty(nt * linear_scratch_size(K), dtype=np.float32)
+    scratch = np.empty(nt * linear_scratch_size(T, K), dtype=np.float32)
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
     cdef const float* pw = cptr(W)
@@ -242,8 +264,8 @@ def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="no
 
 def add_into(out, x, threads=None):
     """out += x (the residual update), for float32 arrays of one shape."""
-    _checks.f32("add", "out", out, None, writable=True)
-    _checks.f32("add", "x", x, out.ndim)
+    f32("add", "out", out, -1, True)
+    f32("add", "x", x, out.ndim)
     _checks.shape("add", "x", x, out.shape)
     _checks.no_overlap("add", "out", out, x=x)
     cdef int nt = _checks.threads("add", threads)
@@ -258,20 +280,22 @@ def add_into(out, x, threads=None):
 def embedding(ids, wte, wpe, pos0=0, out=None, threads=None):
     """out[t] = wte[ids[t]] + wpe[pos0 + t].  ids: 1-D integer array [T]."""
     fn = "embedding"
-    _checks.f32(fn, "wte", wte, 2)
-    _checks.f32(fn, "wpe", wpe, 2)
+    f32(fn, "wte", wte, 2)
+    f32(fn, "wpe", wpe, 2)
     cdef Py_ssize_t C = wte.shape[1]
     _checks.same_dim(fn, "wpe", wpe, 1, C, "wte.shape[1]")
     ids = _checks.token_ids(fn, "ids", ids, wte.shape[0], ndim=1)
     cdef Py_ssize_t T = ids.shape[0]
+    pos0 = _checks.integer(fn, "pos0", pos0)
     if pos0 < 0 or pos0 + T > wpe.shape[0]:
         raise ValueError(f"embedding: positions {pos0}..{pos0 + T - 1} exceed the "
                          f"{wpe.shape[0]} rows of wpe")
     if out is None:
         out = np.empty((T, C), dtype=np.float32)
     else:
-        _checks.f32(fn, "out", out, 2, writable=True)
+        f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, C))
+        _checks.no_overlap(fn, "out", out, wte=wte, wpe=wpe)
     cdef int nt = _checks.threads(fn, threads)
     cdef const long long[::1] vid = ids
     cdef float* po = wptr(out)

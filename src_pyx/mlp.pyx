@@ -3,11 +3,15 @@ product's epilogue and the residual add fused into the second's."""
 
 import numpy as np
 
-from ._util cimport cptr, wptr
+cimport numpy as cnp
+
+from ._util cimport cptr, f32, wptr
 from .activations cimport ACT_NONE, ACT_GELU_NEW, ACT_GELU_ERF
 from .linalg cimport linear, linear_scratch_size
 
 from cyformer import _checks
+
+cnp.import_array()
 
 ACTIVATIONS = {"gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
 
@@ -27,32 +31,32 @@ def mlp_forward(x, W_fc, b_fc, W_proj, b_proj, out=None, *, activation="gelu_new
     x [T, C], W_fc [C, D], b_fc [D], W_proj [D, C], b_proj [C] -> out [T, C].
     """
     fn = "mlp"
-    _checks.f32(fn, "x", x, 2)
+    f32(fn, "x", x, 2)
     cdef Py_ssize_t T = x.shape[0], C = x.shape[1]
-    _checks.f32(fn, "W_fc", W_fc, 2)
+    f32(fn, "W_fc", W_fc, 2)
     _checks.same_dim(fn, "W_fc", W_fc, 0, C, "x.shape[1]")
     cdef Py_ssize_t D = W_fc.shape[1]
-    _checks.f32(fn, "b_fc", b_fc, 1)
+    f32(fn, "b_fc", b_fc, 1)
     _checks.shape(fn, "b_fc", b_fc, (D,))
-    _checks.f32(fn, "W_proj", W_proj, 2)
+    f32(fn, "W_proj", W_proj, 2)
     _checks.shape(fn, "W_proj", W_proj, (D, C))
-    _checks.f32(fn, "b_proj", b_proj, 1)
+    f32(fn, "b_proj", b_proj, 1)
     _checks.shape(fn, "b_proj", b_proj, (C,))
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(f"mlp: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     if out is None:
         if accumulate:
             raise ValueError("mlp: accumulate=True needs an out array to add into")
         out = np.empty((T, C), dtype=np.float32)
     else:
-        _checks.f32(fn, "out", out, 2, writable=True)
+        f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, C))
-        _checks.no_overlap(fn, "out", out, x=x, W_fc=W_fc, W_proj=W_proj)
+        _checks.no_overlap(fn, "out", out, x=x, W_fc=W_fc, b_fc=b_fc, W_proj=W_proj, b_proj=b_proj)
     if T == 0 or C == 0 or D == 0:
         raise ValueError(f"mlp: empty dimension (T={T}, C={C}, D={D})")
     cdef int nt = _checks.threads(fn, threads)
     hidden = np.empty((T, D), dtype=np.float32)
-    scratch = np.empty(nt * linear_scratch_size(max(C, D)), dtype=np.float32)
+    scratch = np.empty(nt * linear_scratch_size(T, max(C, D)), dtype=np.float32)
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
     cdef const float* pwf = cptr(W_fc)

@@ -5,9 +5,13 @@ from libc.math cimport sqrt
 
 import numpy as np
 
-from ._util cimport cptr, wptr
+cimport numpy as cnp
+
+from ._util cimport cptr, f32, wptr
 
 from cyformer import _checks
+
+cnp.import_array()
 
 
 cdef void layer_norm(float* out, const float* x, const float* g, const float* b,
@@ -45,13 +49,16 @@ def layer_norm_forward(x, g, b, eps=1e-5, out=None, scale=None, threads=None):
     scale: optional float32 [T] that receives sqrt(var + eps) per row.
     """
     fn = "layer_norm"
-    _checks.f32(fn, "x", x, 2)
+    f32(fn, "x", x, 2)
     cdef Py_ssize_t T = x.shape[0], C = x.shape[1]
-    _checks.f32(fn, "g", g, 1)
+    f32(fn, "g", g, 1)
     _checks.same_dim(fn, "g", g, 0, C, "x.shape[1]")
-    _checks.f32(fn, "b", b, 1)
+    f32(fn, "b", b, 1)
     _checks.same_dim(fn, "b", b, 0, C, "x.shape[1]")
-    eps = float(eps)
+    try:
+        eps = float(eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"layer_norm: eps must be a number, got {eps!r}") from None
     if not (eps >= 0.0) or eps == float("inf"):
         raise ValueError(f"layer_norm: eps must be finite and >= 0, got {eps}")
     if C == 0:
@@ -59,12 +66,19 @@ def layer_norm_forward(x, g, b, eps=1e-5, out=None, scale=None, threads=None):
     if out is None:
         out = np.empty((T, C), dtype=np.float32)
     else:
-        _checks.f32(fn, "out", out, 2, writable=True)
+        f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, C))
         _checks.no_overlap(fn, "out", out, g=g, b=b)
+        # in place (out is x) is fine: each row is read in full before it is
+        # written; any other overlap is not
+        if np.may_share_memory(out, x) and not (
+                out.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+                and out.shape == x.shape):
+            raise ValueError("layer_norm: out must not share memory with x unless it is x itself")
     if scale is not None:
-        _checks.f32(fn, "scale", scale, 1, writable=True)
+        f32(fn, "scale", scale, 1, True)
         _checks.shape(fn, "scale", scale, (T,))
+        _checks.no_overlap(fn, "scale", scale, x=x, g=g, b=b, out=out)
     cdef int nt = _checks.threads(fn, threads)
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)

@@ -18,7 +18,7 @@ BACKENDS = tuple(_MODULES)
 
 
 def make_backend(name, cfg, weights, threads):
-    if name not in _MODULES:
+    if not isinstance(name, str) or name not in _MODULES:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
     module, cls = _MODULES[name]
     return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(cfg, weights, threads)
