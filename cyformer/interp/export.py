@@ -141,9 +141,10 @@ def save_html(path, tokens, patterns, title="cyformer attention"):
              f"<h1>{html.escape(title)}</h1>",
              '<div class="prompt">' + "".join(f'<span title="token {i}">{html.escape(t)}</span>'
                                               for i, t in enumerate(tokens)) + "</div>",
-             '<p class="note">The prompt above shades alternate tokens. Each panel is one head. Row: the query position attending; column: '
-             "the key position attended to; darker is more weight (rows sum to 1). Hover a cell "
-             "for its value. Grey cells are masked: a position never sees later ones.</p>"]
+             '<p class="note">The prompt above shades alternate tokens. Each panel is one head. '
+             "Row: the query position attending; column: the key position attended to; darker "
+             "is more weight (rows sum to 1). Hover a cell for its value. Grey cells are masked: "
+             "a position never sees later ones.</p>"]
     layers = sorted({i for i, _ in patterns})
     for i in layers:
         parts.append(f"<h2>layer {i}</h2><div class=\"panels\">")

@@ -19,7 +19,7 @@ to token t's logit, and the contributions plus b . u_t add up to the logit.
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 
