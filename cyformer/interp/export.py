@@ -121,21 +121,23 @@ table.attn th.q { text-align: right; }
 """
 
 
-def _cell(w, q, k, labels):
-    # Blues-like: white at 0, dark blue at 1
+def _cell(w, tip):
+    # white at 0 to dark blue at 1, as matplotlib's "Blues" ends
     a = float(min(max(w, 0.0), 1.0))
     r, g, b = (int(round(255 + (t - 255) * a)) for t in (8, 48, 107))
-    tip = html.escape(f"{labels[q]} \u2192 {labels[k]}: {w:.4f}", quote=True)
-    return f'<td style="background:rgb({r},{g},{b})" title="{tip}"></td>'
+    return f'<td style="background:#{r:02x}{g:02x}{b:02x}" title="{tip} {w:.3f}"></td>'
 
 
 def save_html(path, tokens, patterns, title="cyformer attention"):
     """Write the patterns ({(layer, head): [T, T]}) as one self-contained HTML
     page: a panel per head with the tokens on both axes; hovering a cell
-    shows its weight."""
+    shows its weight.  About 50 bytes per visible cell: heads x T (T + 1) / 2
+    cells in all, so pick layers or heads for long prompts."""
     labels = [display_token(t) for t in tokens]
     esc = [html.escape(t) for t in labels]
     T = len(tokens)
+    tips = [[html.escape(f"{labels[q]}\u2192{labels[k]}", quote=True) for k in range(q + 1)]
+            for q in range(T)]
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>",
@@ -153,7 +155,7 @@ def save_html(path, tokens, patterns, title="cyformer attention"):
                 continue
             rows = ["<tr><th></th>" + "".join(f'<th class="k">{t}</th>' for t in esc) + "</tr>"]
             for q in range(T):
-                cells = "".join(_cell(pat[q, k], q, k, labels) if k <= q else '<td class="m"></td>'
+                cells = "".join(_cell(pat[q, k], tips[q][k]) if k <= q else '<td class="m"></td>'
                                 for k in range(T))
                 rows.append(f'<tr><th class="q">{esc[q]}</th>{cells}</tr>')
             parts.append(f'<div class="panel"><h3>L{i} H{h}</h3><table class="attn">'
