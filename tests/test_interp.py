@@ -180,6 +180,14 @@ def test_names_select_what_is_kept(odd):
         cache["hook_embed"]
 
 
+def test_backends_without_hook_points_say_so(checkpoint):
+    model = cyformer.load(checkpoint("odd")[0], backend="numpy")
+    with pytest.raises(ValueError, match="no hook points"):
+        model.run_with_cache([1, 2, 3])
+    with pytest.raises(ValueError, match="hook points"):
+        model.generate([1, 2, 3], max_new_tokens=2, cache_names=["hook_embed"])
+
+
 def test_batched_input_adds_a_batch_axis(odd):
     ids = np.stack([ids_for(odd, 7, seed=s) for s in range(3)])
     logits, cache = odd.run_with_cache(ids, names=lambda n: n.startswith("blocks.1."))
