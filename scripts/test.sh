@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build the wheel, install it with the test dependencies into a fresh virtual
 # environment, and run the test suite against the installed package (not the
-# source tree).  Usage: scripts/test.sh [extra pytest args]
+# source tree).  Usage: scripts/test.sh [extra pytest args for the main suite]
+#
+# Order: release wheel -> debug-build kernel tests -> benchmark smoke run ->
+# the full suite against the release wheel (last, so its summary closes the log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -14,13 +17,13 @@ rm -rf "$VENV" dist
 # The release wheel (all x86-64 levels); build isolation fetches Cython/NumPy.
 "$VENV/bin/python" -m pip wheel --quiet --no-deps --wheel-dir dist .
 WHEEL=$(ls dist/cyformer-*.whl)
-# torch is pinned to the CPU build in the [test] extra.
-"$VENV/bin/python" -m pip install --quiet "${WHEEL}[test]"
+# torch is pinned to the CPU build in the [test] extra; [bench] adds what
+# bench/run.py needs (tqdm, threadpoolctl, matplotlib).
+"$VENV/bin/python" -m pip install --quiet "${WHEEL}[test,bench]"
 
 # Run from outside the checkout so `import cyformer` finds the installed wheel.
 cd "$VENV"
 "$VENV/bin/python" -c "import cyformer, json; print(json.dumps(cyformer.build_info()))"
-"$VENV/bin/python" -m pytest -p no:cacheprovider --rootdir "$ROOT" "$ROOT/tests" "$@"
 
 # Debug build: the same kernels with bounds and wraparound checks on
 # (CYFORMER_DEBUG=1, see setup.py), one ISA level to keep the build short, run
@@ -29,7 +32,8 @@ cd "$VENV"
 # a copy of the tree so that ./build keeps the release objects; afterwards the
 # release wheel is put back.
 DEBUG_SRC=$(mktemp -d)
-trap 'rm -rf "$DEBUG_SRC"' EXIT
+BENCH_OUT=$(mktemp -d)
+trap 'rm -rf "$DEBUG_SRC" "$BENCH_OUT"' EXIT
 if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     # tracked and untracked-but-not-ignored files that exist (no build/, no dist/)
     (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
@@ -42,6 +46,12 @@ fi
     --wheel-dir "$DEBUG_SRC/dist" .)
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$DEBUG_SRC"/dist/cyformer-*.whl
 "$VENV/bin/python" -c "import cyformer, sys; info = cyformer.build_info(); print('debug build:', info['isa']); sys.exit(not info['debug'])"
-"$VENV/bin/python" -m pytest -p no:cacheprovider --rootdir "$ROOT" "$ROOT/tests/test_kernels.py" \
+"$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" "$ROOT/tests/test_kernels.py" \
     "$ROOT/tests/test_fuzz.py" -k kernel
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$ROOT/$WHEEL"
+
+# The benchmark, as a smoke test only (timings on a shared machine are not checked).
+"$VENV/bin/python" "$ROOT/bench/run.py" --quick --out "$BENCH_OUT"
+
+# The full suite against the release wheel.
+"$VENV/bin/python" -m pytest -p no:cacheprovider --rootdir "$ROOT" "$ROOT/tests" "$@"

@@ -417,7 +417,9 @@ def test_direct_logit_attribution_sums_to_the_logit(erf, position):
     g, u = model.weights.ln_f.weight, model.unembed[token]
     r = cache["blocks.2.attn.hook_result"][position, 1].astype(np.float64)
     scale = cache["ln_final.hook_scale"][position, 0]
-    assert math.isclose(dla.heads[2, 1], (r - r.mean()) @ (g * u) / scale, rel_tol=1e-9, abs_tol=1e-9)
+    # the reference in float64 throughout, as the attribution is computed
+    direction = g.astype(np.float64) * u.astype(np.float64) / float(scale)
+    assert math.isclose(dla.heads[2, 1], (r - r.mean()) @ direction, rel_tol=1e-9, abs_tol=1e-9)
     assert len(dla.top(4)) == 4
 
 
