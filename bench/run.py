@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import re
-import resource
 import subprocess
 import sys
 import threading
@@ -121,6 +120,16 @@ class Cyformer:
         out = self.model.generate(list(ids), max_new_tokens=n)
         return out.stats["time_to_first_token_s"], out.stats["decode_tokens_per_s"]
 
+    def generate_without_cache(self, ids, n):
+        """Greedy decode tokens/s when every token reruns the whole sequence
+        (what the KV cache saves)."""
+        seq = list(ids)
+        seq.append(int(self.model.forward(seq)[-1].argmax()))
+        t = time.perf_counter()
+        for _ in range(n - 1):
+            seq.append(int(self.model.forward(seq)[-1].argmax()))
+        return (n - 1) / (time.perf_counter() - t)
+
 
 class Torch:
     def __init__(self, path, threads):
@@ -214,7 +223,8 @@ sys.path.insert(0, {HERE!r})
 import run
 c = run.Torch({path!r}, {threads}) if {contender!r} == 'torch' else run.Cyformer({path!r}, {threads}, backend={contender!r})
 c.generate(list(range(16)), {n_new})
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+# VmHWM: ru_maxrss would carry over this benchmark's own peak across fork+exec
+print(next(int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
@@ -276,6 +286,17 @@ def main(argv=None):
         return {"ttft s": ttft, "decode tok/s": tps}
 
     tasks["generate"] = gen_task
+    n_nocache = 8 if quick else 32
+
+    def nocache_task(c):
+        # the KV cache's effect, on the largest thread count only
+        if not (c.name.startswith("cyformer cython") and c.threads == max(threads_list)):
+            return {}
+        cached = c.generate(prompt, n_nocache)[1]
+        return {"cached tok/s (short)": cached,
+                "no-cache tok/s (short)": c.generate_without_cache(prompt, n_nocache)}
+
+    tasks["kv cache effect"] = nocache_task
     with tqdm(total=reps * len(contenders), desc="GPT-2 small", unit="round", file=sys.stderr) as bar:
         small = measure(contenders, tasks, reps, bar)
     cache_cost = measure_cache_cost(contenders[0].model, reps) if hasattr(contenders[0].model, "run_with_cache") else None
@@ -303,7 +324,7 @@ def main(argv=None):
         tinyres = measure(tiny_contenders, tiny_tasks, reps, bar)
 
     report = render(info, limits, small, tinyres, rss, cache_cost, threads_list, prefill_T, n_new,
-                    tiny_T, tiny_new, reps, time.perf_counter() - t_start)
+                    tiny_T, tiny_new, reps, time.perf_counter() - t_start, n_nocache)
     print(report)
     os.makedirs(args.out, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", info["cpu"].lower()).strip("-")
@@ -335,7 +356,7 @@ def measure_cache_cost(model, reps):
 
 
 def render(info, limits, small, tinyres, rss, cache_cost, threads_list, prefill_T, n_new,
-           tiny_T, tiny_new, reps, elapsed):
+           tiny_T, tiny_new, reps, elapsed, n_nocache):
     cfg = GPT2_SMALL
     lines = [f"# cyformer benchmark, {info['date']}", "",
              f"- CPU: {info['cpu']}, {info['cores']} cores usable; kernels: {info['build']['isa']} "
@@ -387,6 +408,12 @@ def render(info, limits, small, tinyres, rss, cache_cost, threads_list, prefill_
         lines += ["", f"Thread scaling of cyformer prefill T={T}: {cy[0]} / {cy[-1]} = "
                   f"{stat(a[f'prefill {T} s'])[0] / stat(b[f'prefill {T} s'])[0]:.2f}x; decode: "
                   f"{stat(b['decode tok/s'])[0] / stat(a['decode tok/s'])[0]:.2f}x"]
+    for name, m in small.items():
+        if m.get("no-cache tok/s (short)"):
+            lines += ["", f"KV cache effect, {name}, 16-token prompt, {n_nocache} new tokens: "
+                      f"{fmt(m['cached tok/s (short)'])} tokens/s with the cache, "
+                      f"{fmt(m['no-cache tok/s (short)'])} tokens/s rerunning the full sequence per token "
+                      f"({stat(m['cached tok/s (short)'])[0] / stat(m['no-cache tok/s (short)'])[0]:.1f}x)"]
     if rss:
         lines += ["", "Peak RSS of a fresh process that loads GPT-2 small and generates "
                   f"{n_new} tokens: " + ", ".join(f"{k} {v:.0f} MB" if v else f"{k} failed" for k, v in rss.items())

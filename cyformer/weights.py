@@ -304,14 +304,17 @@ def load_weights(path: str, cfg: Config) -> Weights:
             from safetensors import SafetensorError, safe_open
 
             try:
-                with safe_open(path, framework="numpy") as st:
-                    for name in names:
-                        key = present[name]
+                for name in names:
+                    key = present[name]
+                    # One short-lived handle per tensor: the package maps the
+                    # file, and pages of a mapping that stays open would count
+                    # on top of the copies (peak RSS twice the file size).
+                    with safe_open(path, framework="numpy") as st:
                         arr = _read_tensor(f, st, path, key, entries[key], data_start)
-                        if not np.isfinite(arr).all():
-                            warnings.warn(f"{path}: tensor {key!r} contains NaN or Inf")
-                        arr.flags.writeable = False  # shared by every generation: never written
-                        tensors[name] = arr
+                    if not np.isfinite(arr).all():
+                        warnings.warn(f"{path}: tensor {key!r} contains NaN or Inf")
+                    arr.flags.writeable = False  # shared by every generation: never written
+                    tensors[name] = arr
             except SafetensorError as e:  # the header passed our checks, so this is rare
                 raise ModelLoadError(f"{path}: the safetensors package could not read it ({e})") from None
     except OSError as e:

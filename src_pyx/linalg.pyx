@@ -12,7 +12,7 @@ once, split over output columns between threads.
 
 cimport cython
 from cython.parallel cimport parallel, prange, threadid
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 import numpy as np
 
@@ -86,21 +86,26 @@ cdef void _pack_panel(float* pack, const float* W, Py_ssize_t K, Py_ssize_t N,
     # W(k, n0 + 16 s + j), the last strip zero-padded.  W is read in its own
     # memory order (whole row runs), which is what keeps this cheap when W
     # comes from DRAM.
-    cdef Py_ssize_t nstr = (pw + CYF_NR - 1) // CYF_NR
-    cdef Py_ssize_t k, j, c
+    cdef Py_ssize_t nfull = pw // CYF_NR, tail = pw % CYF_NR
+    cdef Py_ssize_t k, j, si
     cdef const float* row
-    if pw % CYF_NR:
-        memset(pack + (nstr - 1) * K * CYF_NR, 0, K * CYF_NR * sizeof(float))
-    if w_t:  # W is [N, K]: each output column is a contiguous row of W
-        for c in range(pw):
-            row = W + (n0 + c) * K
-            for k in range(K):
-                pack[(c // CYF_NR) * K * CYF_NR + k * CYF_NR + c % CYF_NR] = row[k]
-    else:
+    cdef float* dst
+    if tail:
+        memset(pack + nfull * K * CYF_NR, 0, K * CYF_NR * sizeof(float))
+    if w_t:  # W is [N, K]: 16 rows of W become one strip, transposed
+        for si in range(nfull + (1 if tail else 0)):
+            dst = pack + si * K * CYF_NR
+            for j in range(CYF_NR if si < nfull else tail):
+                row = W + (n0 + si * CYF_NR + j) * K
+                for k in range(K):
+                    dst[k * CYF_NR + j] = row[k]
+    else:    # W is [K, N]: each row of W scatters 64-byte runs into the strips
         for k in range(K):
             row = W + k * N + n0
-            for c in range(pw):
-                pack[(c // CYF_NR) * K * CYF_NR + k * CYF_NR + c % CYF_NR] = row[c]
+            for si in range(nfull):
+                memcpy(pack + (si * K + k) * CYF_NR, row + si * CYF_NR, CYF_NR * sizeof(float))
+            if tail:
+                memcpy(pack + (nfull * K + k) * CYF_NR, row + nfull * CYF_NR, tail * sizeof(float))
 
 
 cdef void _gemm(float* out, const float* x, const float* W, const float* b,
