@@ -27,8 +27,13 @@ from ._util cimport cptr, f32, wptr
 from .activations cimport softmax_row
 
 cdef extern from "simd.h" nogil:
+    enum:
+        CYF_MR
+        CYF_NR
     void cyf_gemv_strip(const float* x, const float* W, Py_ssize_t ldw, Py_ssize_t K,
                         Py_ssize_t n, float* out)
+    void cyf_gemm_tile(const float* x, Py_ssize_t ldx, int nrows,
+                       const float* wp, Py_ssize_t ldw, Py_ssize_t K, float* tile)
 
 cdef enum:
     KEY_BLOCK = 64  # key positions scored per register-resident strip
@@ -39,7 +44,8 @@ cnp.import_array()
 
 
 cdef Py_ssize_t attention_scratch_size(Py_ssize_t cap, Py_ssize_t d_head) noexcept nogil:
-    return cap + KEY_BLOCK + d_head + KEY_BLOCK
+    # CYF_MR score rows (+ a strip of slack), one output tile, one z row
+    return CYF_MR * (cap + KEY_BLOCK) + CYF_MR * CYF_NR + d_head + KEY_BLOCK
 
 
 cdef void _append_kv(const float* qkv, float* k_cache, float* v_cache, Py_ssize_t past,
@@ -55,10 +61,11 @@ cdef void _append_kv(const float* qkv, float* k_cache, float* v_cache, Py_ssize_
                 v_cache[(h * cap + past + t) * D + d] = row[2 * C + d]
 
 
-cdef void attention(float* z, const float* qkv, float* k_cache, float* v_cache,
-                    Py_ssize_t past, Py_ssize_t T, Py_ssize_t H, Py_ssize_t D,
-                    Py_ssize_t cap, float* scores, float* pattern,
-                    float* scratch, int nthreads) noexcept nogil:
+cdef void _attend_rows(float* z, const float* qkv, const float* k_cache, const float* v_cache,
+                       Py_ssize_t past, Py_ssize_t T, Py_ssize_t H, Py_ssize_t D,
+                       Py_ssize_t cap, float* scores, float* pattern,
+                       float* scratch, int nthreads) noexcept nogil:
+    # One query at a time (decode, short prompts): matrix-vector strips.
     cdef Py_ssize_t C = H * D, S = past + T  # S: keys visible to the last query
     cdef Py_ssize_t i, h, t, L, j, d, jb, db
     cdef float* s
@@ -67,7 +74,6 @@ cdef void attention(float* z, const float* qkv, float* k_cache, float* v_cache,
     cdef const float* kT
     cdef const float* vh
     cdef float inv_sqrt_d = <float>(1.0 / sqrt(<double>D))
-    _append_kv(qkv, k_cache, v_cache, past, T, H, D, cap, nthreads)
     with parallel(num_threads=nthreads):
         s = scratch + threadid() * attention_scratch_size(cap, D)
         zacc = s + cap + KEY_BLOCK
@@ -98,6 +104,95 @@ cdef void attention(float* z, const float* qkv, float* k_cache, float* v_cache,
                 cyf_gemv_strip(s, vh + d, D, L, KEY_BLOCK if D - d > KEY_BLOCK else D - d, zacc + d)
             for d in range(D):
                 z[t * C + h * D + d] = zacc[d]
+
+
+cdef void _attend_tiles(float* z, const float* qkv, const float* k_cache, const float* v_cache,
+                        Py_ssize_t past, Py_ssize_t T, Py_ssize_t H, Py_ssize_t D,
+                        Py_ssize_t cap, float* scores, float* pattern,
+                        float* scratch, int nthreads) noexcept nogil:
+    # CYF_MR queries of one head at a time (prefill): the scores of the tile
+    # are a small matrix product Q_tile @ K^T and the outputs P_tile @ V, both
+    # through the 6x16 register tile, so every key and value loaded serves six
+    # queries.  Each score is still one d-ordered dot product and each output
+    # one j-ordered sum (masked weights are exact zeros), so the results do
+    # not depend on the tiling or the thread count.
+    cdef Py_ssize_t C = H * D, S = past + T
+    cdef Py_ssize_t ntiles = (T + CYF_MR - 1) // CYF_MR
+    cdef Py_ssize_t i, h, tq, t0, t, r, L, Lmax, j, jb, d, db, dw
+    cdef int rows
+    cdef float* sbuf
+    cdef float* s
+    cdef float* tile
+    cdef float* zrow
+    cdef const float* q
+    cdef const float* kT
+    cdef const float* vh
+    cdef float inv_sqrt_d = <float>(1.0 / sqrt(<double>D))
+    cdef Py_ssize_t lds = cap + KEY_BLOCK  # score row stride
+    with parallel(num_threads=nthreads):
+        sbuf = scratch + threadid() * attention_scratch_size(cap, D)
+        tile = sbuf + CYF_MR * lds
+        zrow = tile + CYF_MR * CYF_NR
+        for i in prange(H * ntiles, schedule="dynamic", chunksize=1):
+            h = i // ntiles
+            tq = i % ntiles
+            t0 = tq * CYF_MR
+            rows = <int>(T - t0 if T - t0 < CYF_MR else CYF_MR)
+            Lmax = past + t0 + rows  # keys visible to the tile's last query
+            q = qkv + t0 * 3 * C + h * D
+            kT = k_cache + h * D * cap
+            vh = v_cache + h * cap * D
+            # scores of every query in the tile against keys 0 .. Lmax-1
+            for jb in range(Lmax // CYF_NR):
+                j = jb * CYF_NR
+                cyf_gemm_tile(q, 3 * C, rows, kT + j, cap, D, tile)
+                for r in range(rows):
+                    for d in range(CYF_NR):
+                        sbuf[r * lds + j + d] = tile[r * CYF_NR + d]
+            j = (Lmax // CYF_NR) * CYF_NR
+            if j < Lmax:  # the last, partial strip of keys
+                for r in range(rows):
+                    cyf_gemv_strip(q + r * 3 * C, kT + j, cap, D, Lmax - j, sbuf + r * lds + j)
+            for r in range(rows):
+                t = t0 + r
+                L = past + t + 1
+                s = sbuf + r * lds
+                for j in range(L):
+                    s[j] = s[j] * inv_sqrt_d
+                if scores != NULL:
+                    for j in range(S):
+                        scores[(h * T + t) * S + j] = s[j] if j < L else -INFINITY
+                softmax_row(s, L)
+                for j in range(L, Lmax):
+                    s[j] = 0.0  # masked: exact zeros, so the sum below may run to Lmax
+                if pattern != NULL:
+                    for j in range(S):
+                        pattern[(h * T + t) * S + j] = s[j] if j < L else 0.0
+            # z rows = P_tile @ V, 16 of the d_head columns at a time
+            for db in range((D + CYF_NR - 1) // CYF_NR):
+                d = db * CYF_NR
+                dw = D - d if D - d < CYF_NR else CYF_NR
+                if dw == CYF_NR:
+                    cyf_gemm_tile(sbuf, lds, rows, vh + d, D, Lmax, tile)
+                    for r in range(rows):
+                        for j in range(CYF_NR):
+                            z[(t0 + r) * C + h * D + d + j] = tile[r * CYF_NR + j]
+                else:
+                    for r in range(rows):
+                        cyf_gemv_strip(sbuf + r * lds, vh + d, D, Lmax, dw, zrow)
+                        for j in range(dw):
+                            z[(t0 + r) * C + h * D + d + j] = zrow[j]
+
+
+cdef void attention(float* z, const float* qkv, float* k_cache, float* v_cache,
+                    Py_ssize_t past, Py_ssize_t T, Py_ssize_t H, Py_ssize_t D,
+                    Py_ssize_t cap, float* scores, float* pattern,
+                    float* scratch, int nthreads) noexcept nogil:
+    _append_kv(qkv, k_cache, v_cache, past, T, H, D, cap, nthreads)
+    if T < CYF_MR:
+        _attend_rows(z, qkv, k_cache, v_cache, past, T, H, D, cap, scores, pattern, scratch, nthreads)
+    else:
+        _attend_tiles(z, qkv, k_cache, v_cache, past, T, H, D, cap, scores, pattern, scratch, nthreads)
 
 
 def attention_forward(qkv, k_cache, v_cache, past, out=None, scores=None, pattern=None,

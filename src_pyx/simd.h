@@ -27,12 +27,12 @@ static inline void cyf_store8(float *p, cyf_v8f v) { memcpy(p, &v, sizeof v); }
 #define CYF_MR 6   /* rows of x per tile: 6 x 2 accumulators + 2 loads + 1 broadcast = 15 ymm */
 #define CYF_NR 16  /* columns per packed strip */
 
-/* tile[r][j] = sum_k x[r][k] * wp[k][j] for a CYF_MR x CYF_NR tile.
+/* tile[r][j] = sum_k x[r][k] * wp[k * ldw + j] for a CYF_MR x CYF_NR tile.
  * x: rows of length >= K with stride ldx; rows >= nrows repeat the last valid
- * row (their results are discarded by the caller).  wp: a packed strip,
- * K rows of CYF_NR contiguous floats. */
+ * row (their results are discarded by the caller).  wp: K rows of CYF_NR
+ * contiguous floats, ldw apart (CYF_NR for a packed strip). */
 static inline void cyf_gemm_tile(const float *x, ptrdiff_t ldx, int nrows,
-                                 const float *wp, ptrdiff_t K, float *tile)
+                                 const float *wp, ptrdiff_t ldw, ptrdiff_t K, float *tile)
 {
     const float *x0 = x;
     const float *x1 = x + (nrows > 1 ? 1 : 0) * ldx;
@@ -43,8 +43,8 @@ static inline void cyf_gemm_tile(const float *x, ptrdiff_t ldx, int nrows,
     cyf_v8f a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0};
     cyf_v8f a30 = {0}, a31 = {0}, a40 = {0}, a41 = {0}, a50 = {0}, a51 = {0};
     for (ptrdiff_t k = 0; k < K; k++) {
-        const cyf_v8f w0 = cyf_load8(wp + k * CYF_NR);
-        const cyf_v8f w1 = cyf_load8(wp + k * CYF_NR + 8);
+        const cyf_v8f w0 = cyf_load8(wp + k * ldw);
+        const cyf_v8f w1 = cyf_load8(wp + k * ldw + 8);
         float s;
         s = x0[k]; a00 += s * w0; a01 += s * w1;
         s = x1[k]; a10 += s * w0; a11 += s * w1;

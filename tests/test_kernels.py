@@ -141,8 +141,12 @@ def attention_ref(qkv, k_past, v_past, H):
 
 
 @pytest.mark.parametrize("threads", THREADS)
+# T >= 6 takes the tiled path (6 queries per tile), T < 6 the one-query path;
+# d_head 24 and 8 leave partial 16-column strips, P + T not a multiple of 16
+# leaves a partial strip of keys.
 @pytest.mark.parametrize("H,D,T,P,cap", [(1, 1, 1, 0, 1), (3, 16, 7, 0, 7), (2, 8, 1, 5, 9),
-                                         (4, 64, 13, 3, 20), (12, 64, 1, 30, 31)])
+                                         (4, 64, 13, 3, 20), (12, 64, 1, 30, 31),
+                                         (2, 24, 11, 5, 20), (1, 8, 6, 0, 6), (3, 40, 37, 20, 64)])
 def test_attention(rng, threads, H, D, T, P, cap):
     C = H * D
     qkv = f32(rng, T, 3 * C)
