@@ -61,6 +61,22 @@ cdef void _append_kv(const float* qkv, float* k_cache, float* v_cache, Py_ssize_
                 v_cache[(h * cap + past + t) * D + d] = row[2 * C + d]
 
 
+cdef inline void _weights(float* s, Py_ssize_t L, Py_ssize_t S, float inv_sqrt_d,
+                          float* scores, float* pattern, Py_ssize_t at) noexcept nogil:
+    # s[0:L] raw dot products of one query -> attention weights, in place;
+    # scores/pattern (when asked for) get the row at offset `at`, S wide.
+    cdef Py_ssize_t j
+    for j in range(L):
+        s[j] = s[j] * inv_sqrt_d
+    if scores != NULL:
+        for j in range(S):
+            scores[at + j] = s[j] if j < L else -INFINITY
+    softmax_row(s, L)
+    if pattern != NULL:
+        for j in range(S):
+            pattern[at + j] = s[j] if j < L else 0.0
+
+
 cdef void _attend_rows(float* z, const float* qkv, const float* k_cache, const float* v_cache,
                        Py_ssize_t past, Py_ssize_t T, Py_ssize_t H, Py_ssize_t D,
                        Py_ssize_t cap, float* scores, float* pattern,
@@ -89,15 +105,7 @@ cdef void _attend_rows(float* z, const float* qkv, const float* k_cache, const f
             for jb in range((L + KEY_BLOCK - 1) // KEY_BLOCK):
                 j = jb * KEY_BLOCK
                 cyf_gemv_strip(q, kT + j, cap, D, KEY_BLOCK if L - j > KEY_BLOCK else L - j, s + j)
-            for j in range(L):
-                s[j] = s[j] * inv_sqrt_d
-            if scores != NULL:
-                for j in range(S):
-                    scores[(h * T + t) * S + j] = s[j] if j < L else -INFINITY
-            softmax_row(s, L)
-            if pattern != NULL:
-                for j in range(S):
-                    pattern[(h * T + t) * S + j] = s[j] if j < L else 0.0
+            _weights(s, L, S, inv_sqrt_d, scores, pattern, (h * T + t) * S)
             # z = sum_j pattern[j] v_j, d_head columns at a time
             for db in range((D + KEY_BLOCK - 1) // KEY_BLOCK):
                 d = db * KEY_BLOCK
@@ -157,17 +165,9 @@ cdef void _attend_tiles(float* z, const float* qkv, const float* k_cache, const 
                 t = t0 + r
                 L = past + t + 1
                 s = sbuf + r * lds
-                for j in range(L):
-                    s[j] = s[j] * inv_sqrt_d
-                if scores != NULL:
-                    for j in range(S):
-                        scores[(h * T + t) * S + j] = s[j] if j < L else -INFINITY
-                softmax_row(s, L)
+                _weights(s, L, S, inv_sqrt_d, scores, pattern, (h * T + t) * S)
                 for j in range(L, Lmax):
                     s[j] = 0.0  # masked: exact zeros, so the sum below may run to Lmax
-                if pattern != NULL:
-                    for j in range(S):
-                        pattern[(h * T + t) * S + j] = s[j] if j < L else 0.0
             # z rows = P_tile @ V, 16 of the d_head columns at a time
             for db in range((D + CYF_NR - 1) // CYF_NR):
                 d = db * CYF_NR
