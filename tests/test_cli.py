@@ -66,3 +66,15 @@ def test_info(tokenized_checkpoint):
     import json
     info = json.loads(r.stdout)
     assert info["config"]["n_layer"] == 2 and info["file_bytes"] > 0 and info["build"]["openmp"]
+
+
+def test_default_model_ships_in_the_package():
+    """The bundled model loads with no path and generates, as a new user's first command."""
+    import cyformer
+
+    m = cyformer.load()
+    assert m.tokenizer.available and m.config.n_layer == 4
+    assert os.path.getsize(os.path.join(m.path, "model.safetensors")) < 20e6
+    r = run("generate", "def fib(n):", "-n", "24")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("def fib(n):") and len(r.stdout.strip()) > len("def fib(n):")
