@@ -63,13 +63,14 @@ def sgemm_gflops(threads, n=2048, reps=5):
 
 
 def read_bandwidth(threads, mb=512, reps=5):
-    """GB/s of a streaming read: `threads` Python threads each summing a slice
-    (NumPy releases the GIL in the reduction)."""
+    """GB/s of a streaming read: `threads` Python threads each taking the max
+    of a slice (a SIMD reduction cheap enough to be bound by memory, where a
+    float sum is not; NumPy releases the GIL in it)."""
     x = np.ones(mb * 2 ** 20 // 4, dtype=np.float32)
     parts = np.array_split(x, threads)
 
     def once():
-        ts = [threading.Thread(target=np.add.reduce, args=(p,)) for p in parts]
+        ts = [threading.Thread(target=np.max, args=(p,)) for p in parts]
         for t in ts:
             t.start()
         for t in ts:
