@@ -93,8 +93,9 @@ cdef void _attend_rows(float* z, const float* qkv, const float* k_cache, const f
     with parallel(num_threads=nthreads):
         s = scratch + threadid() * attention_scratch_size(cap, D)
         zacc = s + cap + KEY_BLOCK
-        # Later positions see more keys; dynamic chunks balance the triangle.
-        for i in prange(H * T, schedule="dynamic", chunksize=4):
+        # Later positions see more keys; dynamic scheduling balances the
+        # triangle (and the few heads of a decode step).
+        for i in prange(H * T, schedule="dynamic", chunksize=1):
             h = i // T
             t = i % T
             L = past + t + 1

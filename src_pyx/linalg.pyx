@@ -190,7 +190,9 @@ cdef void embed(float* out, const long long* ids, const float* wte, const float*
     cdef Py_ssize_t t, c
     cdef const float* tok
     cdef const float* pos
-    for t in prange(T, num_threads=nthreads, schedule="static"):
+    if T <= 0:
+        return
+    for t in prange(T, num_threads=nthreads if nthreads < T else <int>T, schedule="static"):
         tok = wte + ids[t] * C
         pos = wpe + (pos0 + t) * C
         for c in range(C):

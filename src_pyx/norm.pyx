@@ -21,7 +21,11 @@ cdef void layer_norm(float* out, const float* x, const float* g, const float* b,
     cdef const float* xr
     cdef double mean, var, d, s
     cdef float mu, rstd
-    for t in prange(T, num_threads=nthreads, schedule="static"):
+    if T <= 0:
+        return
+    # never more threads than rows: a decode step's single row stays on one
+    # thread instead of waking the team
+    for t in prange(T, num_threads=nthreads if nthreads < T else <int>T, schedule="static"):
         xr = x + t * C
         # Two passes in double: exact enough that a constant row gives var = 0
         # (no cancellation), and the order is fixed per row.
