@@ -143,29 +143,30 @@ cdef void _gemv(float* out, const float* x, const float* W, const float* b,
                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
     # Bound by memory bandwidth: every weight is read once per row of x.
-    # Outputs are split into one contiguous column range per thread (64-byte
-    # aligned, at most GEMV_COLS wide), so each thread streams long runs of W.
+    # Each thread takes one contiguous, 64-byte aligned range of outputs (so
+    # the threads finish together and each streams long runs of W), worked
+    # through in blocks of at most GEMV_COLS whose accumulators stay in L1.
     cdef Py_ssize_t per = (N + nthreads - 1) // nthreads
     per = (per + 15) // 16 * 16
-    if per > GEMV_COLS:
-        per = GEMV_COLS
     cdef Py_ssize_t nchunks = (N + per - 1) // per
-    cdef Py_ssize_t c, n0, nw, t, j
+    cdef Py_ssize_t c, c1, blk, n0, nw, t, j
     cdef float* acc
     cdef const float* xt
     with parallel(num_threads=nthreads):
         acc = scratch + threadid() * linear_scratch_size(T, K)
         for c in prange(nchunks, schedule="static"):
-            n0 = c * per
-            nw = N - n0 if N - n0 < per else per
-            for t in range(T):
-                xt = x + t * K
-                if w_t:  # W [N, K]: one contiguous dot product per output
-                    for j in range(nw):
-                        acc[j] = cyf_dot(xt, W + (n0 + j) * K, K)
-                else:    # W [K, N]: accumulate whole row segments of W
-                    cyf_gemv_rows(xt, W + n0, N, K, nw, acc)
-                _finish(out + t * N + n0, acc, b + n0 if b != NULL else NULL, nw, act, accumulate)
+            c1 = N if N < (c + 1) * per else (c + 1) * per
+            for blk in range((c1 - c * per + GEMV_COLS - 1) // GEMV_COLS):
+                n0 = c * per + blk * GEMV_COLS
+                nw = c1 - n0 if c1 - n0 < GEMV_COLS else GEMV_COLS
+                for t in range(T):
+                    xt = x + t * K
+                    if w_t:  # W [N, K]: one contiguous dot product per output
+                        for j in range(nw):
+                            acc[j] = cyf_dot(xt, W + (n0 + j) * K, K)
+                    else:    # W [K, N]: accumulate whole row segments of W
+                        cyf_gemv_rows(xt, W + n0, N, K, nw, acc)
+                    _finish(out + t * N + n0, acc, b + n0 if b != NULL else NULL, nw, act, accumulate)
 
 
 cdef void linear(float* out, const float* x, const float* W, const float* b,
