@@ -119,9 +119,9 @@ def generate_level_sources(level):
 
 
 def extensions(levels, omp):
-    import numpy
-
     """The extension modules: the runtime helper plus every kernel module per level."""
+    import numpy  # a build requirement: its headers serve the kernels' NumPy C-API checks
+
     omp_c, omp_l = omp if omp else ([], [])
     base = ["-O1", "-g"] if DEBUG else ["-O3"]
     # -fno-math-errno lets gcc inline sqrtf; it changes no result.
