@@ -130,10 +130,12 @@ class Generation:
         kv = model.backend.new_cache(cfg.n_positions)  # owned by this generation, sized for the whole context
         steps = []  # per-run activation caches, with cache_names
         logits = self._run(self.prompt_ids, kv, steps)
-        t_first = time.perf_counter()
+        t_first = None  # when the first new token was chosen
         reason = LENGTH
         while len(self.tokens) < self.max_new_tokens:
             tok = sampler(logits, context)
+            if t_first is None:
+                t_first = time.perf_counter()
             if tok == cfg.eos_token_id:
                 reason = EOS
                 break
@@ -170,6 +172,8 @@ class Generation:
         self.text = text
         self.finish_reason = reason
         t_end = time.perf_counter()
+        if t_first is None:
+            t_first = t_end
         n = len(self.tokens)
         self.stats = {
             "prompt_tokens": int(self.prompt_ids.size),
