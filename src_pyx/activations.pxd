@@ -14,7 +14,9 @@ cdef enum Act:
     ACT_GELU_ERF = 2   # exact erf GELU, "gelu"
 
 cdef inline float gelu_erf(float x) noexcept nogil:
-    # 0.5 x (1 + erf(x / sqrt(2)))
+    # 0.5 x (1 + erf(x / sqrt(2))); at x = -inf that is -inf * 0, the limit 0
+    if x == -INFINITY:
+        return 0.0
     return 0.5 * x * (1.0 + erff(x * 0.7071067811865476))
 
 cdef inline void softmax_row(float* x, Py_ssize_t n) noexcept nogil:

@@ -211,7 +211,9 @@ static inline cyf_v8f cyf_exp8(cyf_v8f x)
 static inline cyf_v8f cyf_gelu_new8(cyf_v8f x)
 {
     cyf_v8f u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return x / (1.0f + cyf_exp8(-2.0f * u));
+    cyf_v8f y = x / (1.0f + cyf_exp8(-2.0f * u));
+    /* at x = -inf that is -inf / inf; the limit is 0 */
+    return cyf_select(x == -__builtin_inff(), (cyf_v8f){0}, y);
 }
 
 /* In place over n floats (tail padded through a small buffer, so every

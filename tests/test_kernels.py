@@ -79,6 +79,9 @@ def test_gelu(rng, threads, kind):
     ref = gelu_ref(x, kind)
     got = activations.gelu_inplace(x.copy(), kind, threads=threads)
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    # the limits at +-inf: x and 0
+    ends = activations.gelu_inplace(np.array([np.inf, -np.inf, -1e30, 1e30], np.float32), kind)
+    np.testing.assert_array_equal(ends, np.array([np.inf, 0.0, 0.0, 1e30], np.float32))
 
 
 @pytest.mark.parametrize("threads", THREADS)
