@@ -5,10 +5,12 @@ against the config.  Hugging Face's GPT-2 uses Conv1D layers, which store
 weights as [in, out]: exactly the layout the linear kernels read, so no
 tensor is transposed or copied after it is read.
 
-The header is parsed and validated here before the safetensors package reads
-any data, so that a truncated, corrupt or hostile file gives a ModelLoadError
-naming the file and tensor, never a crash; bfloat16 (which NumPy lacks) is
-read raw and widened.
+The header is parsed and validated here before any data is read, so that a
+truncated, corrupt or hostile file gives a ModelLoadError naming the file and
+tensor, never a crash.  float32 and bfloat16 (which NumPy lacks) are read raw
+into place; float16 and float64 go through the safetensors package and are
+narrowed or widened.  All tensors live in one arena backed by huge pages
+where the OS offers them (see _arena).
 The format (https://github.com/huggingface/safetensors#format):
 
     8 bytes    N, little-endian unsigned: the header's length
@@ -21,7 +23,9 @@ nothing is ever unpickled.
 """
 
 import json
+import mmap
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple, Tuple
@@ -40,9 +44,8 @@ _BUFFERS = ("attn.bias", "attn.masked_bias")
 ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
             "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
             "I64": 8, "U64": 8, "F64": 8}
-# The dtypes read as weights -> the NumPy dtype their raw bytes are read as.
-# BF16 is the top half of an F32, so it is read as uint16 and widened.
-FLOAT_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
+# The dtypes accepted for weights; all are stored as float32.
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 # The safetensors package refuses larger headers too.
 MAX_HEADER_BYTES = 100_000_000
 
@@ -212,18 +215,49 @@ def read_header(f, path, file_size):
     return entries, data_start
 
 
-def _read_tensor(f, st, path, name, info: TensorInfo, data_start):
-    """The tensor as a fresh float32 array of info.shape.  Read through the
-    safetensors package (``st``, a safe_open handle) once the header has been
-    validated; bfloat16, which NumPy lacks, is read raw and widened."""
-    if info.dtype != "BF16":
-        arr = st.get_tensor(name)
-        if arr.dtype != np.float32:  # F16, F64
-            with np.errstate(over="ignore"):  # F64 beyond float32's range becomes Inf: warned below
-                arr = arr.astype(np.float32)
-        return np.ascontiguousarray(arr)
-    raw = np.empty(info.shape, dtype=np.dtype(FLOAT_DTYPES[info.dtype]))
-    buf = memoryview(raw.reshape(-1)).cast("B")
+HUGE_PAGE = 2 << 20
+# Each tensor starts on a cache line.
+ALIGN = 64
+
+
+def _arena(nbytes):
+    """A zero-filled uint8 array of nbytes, 2 MB aligned, that the kernel may
+    back with transparent huge pages.
+
+    Decode reads every weight once per token: with 4 KB pages that is one TLB
+    miss per 4 KB of weights, and the hardware prefetchers stop at each page
+    edge.  Asking for huge pages (MADV_HUGEPAGE, for systems where THP is in
+    "madvise" mode) raised matrix-vector bandwidth by 4-15 % on GPT-2 small.
+    Elsewhere this is an ordinary anonymous mapping.
+    """
+    if not (hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")):
+        return np.zeros(nbytes, dtype=np.uint8)
+    # private: a shared anonymous mapping would be shmem, which THP skips
+    mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # THP disabled or unsupported: small pages it is
+            pass
+    buf = np.frombuffer(mm, dtype=np.uint8)  # keeps the mapping alive
+    skip = -buf.ctypes.data % HUGE_PAGE
+    return buf[skip:skip + nbytes]
+
+
+def _float32_slots(shapes):
+    """One arena holding a float32 array per shape, each 64-byte aligned."""
+    offsets, end = [], 0
+    for shape in shapes:
+        offsets.append(end)
+        end += -(-int(np.prod(shape, dtype=np.int64)) * 4 // ALIGN) * ALIGN
+    arena = _arena(max(end, 1))
+    return [arena[o:o + int(np.prod(s, dtype=np.int64)) * 4].view(np.float32).reshape(s)
+            for o, s in zip(offsets, shapes)]
+
+
+def _read_raw(f, path, name, info: TensorInfo, data_start, out):
+    """The tensor's bytes, straight from the file into ``out``."""
+    buf = memoryview(out.reshape(-1)).cast("B")
     f.seek(data_start + info.begin)
     got = 0
     while got < len(buf):
@@ -232,12 +266,25 @@ def _read_tensor(f, st, path, name, info: TensorInfo, data_start):
             raise ModelLoadError(f"{path}: tensor {name!r}: file ended after {got} of its "
                                  f"{len(buf)} bytes (truncated while being read?)")
         got += k
-    if info.dtype == "BF16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
-    if raw.dtype != np.float32:  # F16, F64, or F32 on a big-endian machine
-        with np.errstate(over="ignore"):  # F64 beyond float32's range becomes Inf: warned below
-            return raw.astype(np.float32)
-    return raw
+
+
+def _read_tensor(f, path, name, info: TensorInfo, data_start, out):
+    """Fill the float32 array ``out`` (of info.shape) with the tensor."""
+    if info.dtype == "F32" and sys.byteorder == "little":
+        _read_raw(f, path, name, info, data_start, out)
+    elif info.dtype == "BF16":  # the top half of a float32
+        raw = np.empty(info.shape, dtype=np.uint16)
+        _read_raw(f, path, name, info, data_start, raw)
+        out.view(np.uint32)[...] = raw.astype(np.uint32) << 16
+    else:  # F16, F64 (or F32 on a big-endian machine): the package converts
+        from safetensors import safe_open
+
+        # One short-lived handle per tensor: the package maps the file, and
+        # pages of a mapping that stays open would count on top of the copies.
+        with safe_open(path, framework="numpy") as st:
+            arr = st.get_tensor(name)
+        with np.errstate(over="ignore"):  # F64 beyond float32's range becomes Inf: warned later
+            np.copyto(out, arr, casting="unsafe")
 
 
 def _checkpoint_missing(path):
@@ -301,16 +348,17 @@ def load_weights(path: str, cfg: Config) -> Weights:
                 if info.shape != want:
                     raise ModelLoadError(
                         f"{path}: tensor {key!r} has shape {info.shape}, expected {want} from config.json")
-            from safetensors import SafetensorError, safe_open
+            from safetensors import SafetensorError
 
             try:
+                slots = _float32_slots([entries[present[n]].shape for n in expected])
+                slots = dict(zip(expected, slots))
+                if "lm_head.weight" in present:  # its own arena: freed again when it equals wte
+                    slots["lm_head.weight"] = _float32_slots([entries[present["lm_head.weight"]].shape])[0]
                 for name in names:
                     key = present[name]
-                    # One short-lived handle per tensor: the package maps the
-                    # file, and pages of a mapping that stays open would count
-                    # on top of the copies (peak RSS twice the file size).
-                    with safe_open(path, framework="numpy") as st:
-                        arr = _read_tensor(f, st, path, key, entries[key], data_start)
+                    arr = slots[name]
+                    _read_tensor(f, path, key, entries[key], data_start, arr)
                     if not np.isfinite(arr).all():
                         warnings.warn(f"{path}: tensor {key!r} contains NaN or Inf")
                     arr.flags.writeable = False  # shared by every generation: never written

@@ -117,6 +117,39 @@ def test_weights_are_read_only(checkpoint):
         m.weights.wte[0, 0] = 1.0
 
 
+def test_weights_fill_one_aligned_arena_exactly_as_stored(checkpoint):
+    """Every tensor equals what the safetensors package reads, sits on a
+    64-byte boundary inside one 2 MB-aligned arena (so the OS can back it with
+    huge pages), and the arena holds nothing else."""
+    from safetensors.numpy import load_file
+
+    path, _ = checkpoint("odd")
+    m = cyformer.load(path)
+    stored = load_file(os.path.join(path, "model.safetensors"))
+    w = m.weights
+    arrays = {"wte.weight": w.wte, "wpe.weight": w.wpe, "ln_f.weight": w.ln_f.weight, "ln_f.bias": w.ln_f.bias}
+    for i, b in enumerate(w.blocks):
+        for name, arr in (("ln_1.weight", b.ln_1.weight), ("ln_1.bias", b.ln_1.bias),
+                          ("attn.c_attn.weight", b.c_attn.weight), ("attn.c_attn.bias", b.c_attn.bias),
+                          ("attn.c_proj.weight", b.attn_c_proj.weight), ("attn.c_proj.bias", b.attn_c_proj.bias),
+                          ("ln_2.weight", b.ln_2.weight), ("ln_2.bias", b.ln_2.bias),
+                          ("mlp.c_fc.weight", b.c_fc.weight), ("mlp.c_fc.bias", b.c_fc.bias),
+                          ("mlp.c_proj.weight", b.mlp_c_proj.weight), ("mlp.c_proj.bias", b.mlp_c_proj.bias)):
+            arrays[f"h.{i}.{name}"] = arr
+    prefix = "transformer." if any(k.startswith("transformer.") for k in stored) else ""
+    starts = []
+    for name, arr in arrays.items():
+        np.testing.assert_array_equal(arr, stored[prefix + name], err_msg=name)
+        assert arr.dtype == np.float32 and arr.flags.c_contiguous and not arr.flags.writeable
+        assert arr.ctypes.data % 64 == 0, name
+        starts.append((arr.ctypes.data, arr.nbytes))
+    starts.sort()
+    base = starts[0][0]
+    assert base % (2 << 20) == 0
+    end = starts[-1][0] + starts[-1][1]
+    assert end - base < sum(n for _, n in starts) + 64 * len(starts)  # packed, no stray copies
+
+
 def test_bad_ids(checkpoint):
     path, _ = checkpoint("odd")
     m = cyformer.load(path)
