@@ -37,7 +37,7 @@ SRC = os.path.join(HERE, "src_pyx")
 # and relative cimports between kernel modules resolve inside that level.
 GEN = os.path.join(HERE, "build", "cython")
 
-KERNEL_MODULES = ["linalg", "norm", "activations", "attention", "mlp"]
+KERNEL_MODULES = ["linalg", "norm", "activations", "attention", "mlp", "decode"]
 X86_LEVELS = {
     "v2": ["-march=x86-64-v2", "-mtune=generic"],
     "v3": ["-march=x86-64-v3", "-mtune=generic"],

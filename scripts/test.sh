@@ -27,7 +27,8 @@ cd "$VENV"
 
 # Debug build: the same kernels with bounds and wraparound checks on
 # (CYFORMER_DEBUG=1, see setup.py), one ISA level to keep the build short, run
-# against the kernel tests and the kernel fuzz properties, so an out-of-bounds
+# against the kernel tests, the fused decode step's tests and the kernel fuzz
+# properties, so an out-of-bounds
 # index is an IndexError here instead of silent corruption.  It is built from
 # a copy of the tree so that ./build keeps the release objects; afterwards the
 # release wheel is put back.
@@ -48,6 +49,7 @@ fi
 "$VENV/bin/python" -c "import cyformer, sys; info = cyformer.build_info(); print('debug build:', info['isa']); sys.exit(not info['debug'])"
 "$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" "$ROOT/tests/test_kernels.py" \
     "$ROOT/tests/test_fuzz.py" -k kernel
+"$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" "$ROOT/tests/test_decode.py"
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$ROOT/$WHEEL"
 
 # The benchmark, as a smoke test only (timings on a shared machine are not checked).

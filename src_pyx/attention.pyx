@@ -48,17 +48,24 @@ cdef Py_ssize_t attention_scratch_size(Py_ssize_t cap, Py_ssize_t d_head) noexce
     return CYF_MR * (cap + KEY_BLOCK) + CYF_MR * CYF_NR + d_head + KEY_BLOCK
 
 
+cdef void append_kv_head(const float* qkv, float* k_cache, float* v_cache, Py_ssize_t past,
+                         Py_ssize_t T, Py_ssize_t h, Py_ssize_t H, Py_ssize_t D,
+                         Py_ssize_t cap) noexcept nogil:
+    cdef Py_ssize_t C = H * D, t, d
+    cdef const float* row
+    for t in range(T):
+        row = qkv + t * 3 * C + h * D
+        for d in range(D):
+            k_cache[(h * D + d) * cap + past + t] = row[C + d]
+            v_cache[(h * cap + past + t) * D + d] = row[2 * C + d]
+
+
 cdef void _append_kv(const float* qkv, float* k_cache, float* v_cache, Py_ssize_t past,
                      Py_ssize_t T, Py_ssize_t H, Py_ssize_t D, Py_ssize_t cap,
                      int nthreads) noexcept nogil:
-    cdef Py_ssize_t C = H * D, h, t, d
-    cdef const float* row
+    cdef Py_ssize_t h
     for h in prange(H, num_threads=nthreads, schedule="static"):
-        for t in range(T):
-            row = qkv + t * 3 * C + h * D
-            for d in range(D):
-                k_cache[(h * D + d) * cap + past + t] = row[C + d]
-                v_cache[(h * cap + past + t) * D + d] = row[2 * C + d]
+        append_kv_head(qkv, k_cache, v_cache, past, T, h, H, D, cap)
 
 
 cdef inline void _weights(float* s, Py_ssize_t L, Py_ssize_t S, float inv_sqrt_d,
@@ -77,42 +84,43 @@ cdef inline void _weights(float* s, Py_ssize_t L, Py_ssize_t S, float inv_sqrt_d
             pattern[at + j] = s[j] if j < L else 0.0
 
 
+cdef void attend_one(float* z, const float* q, const float* kT, const float* vh,
+                     Py_ssize_t L, Py_ssize_t D, Py_ssize_t cap, float* s, float* zacc,
+                     Py_ssize_t S, float* scores, float* pattern, Py_ssize_t at) noexcept nogil:
+    # One query of one head against its first L keys: matrix-vector strips.
+    cdef Py_ssize_t j, jb, d, db
+    cdef float inv_sqrt_d = <float>(1.0 / sqrt(<double>D))
+    # scores: s[j] = q . k_j, 64 key positions at a time
+    for jb in range((L + KEY_BLOCK - 1) // KEY_BLOCK):
+        j = jb * KEY_BLOCK
+        cyf_gemv_strip(q, kT + j, cap, D, KEY_BLOCK if L - j > KEY_BLOCK else L - j, s + j)
+    _weights(s, L, S, inv_sqrt_d, scores, pattern, at)
+    # z = sum_j pattern[j] v_j, d_head columns at a time
+    for db in range((D + KEY_BLOCK - 1) // KEY_BLOCK):
+        d = db * KEY_BLOCK
+        cyf_gemv_strip(s, vh + d, D, L, KEY_BLOCK if D - d > KEY_BLOCK else D - d, zacc + d)
+    for d in range(D):
+        z[d] = zacc[d]
+
+
 cdef void _attend_rows(float* z, const float* qkv, const float* k_cache, const float* v_cache,
                        Py_ssize_t past, Py_ssize_t T, Py_ssize_t H, Py_ssize_t D,
                        Py_ssize_t cap, float* scores, float* pattern,
                        float* scratch, int nthreads) noexcept nogil:
-    # One query at a time (decode, short prompts): matrix-vector strips.
+    # One query at a time (decode, short prompts).
     cdef Py_ssize_t C = H * D, S = past + T  # S: keys visible to the last query
-    cdef Py_ssize_t i, h, t, L, j, d, jb, db
+    cdef Py_ssize_t i, h, t
     cdef float* s
-    cdef float* zacc
-    cdef const float* q
-    cdef const float* kT
-    cdef const float* vh
-    cdef float inv_sqrt_d = <float>(1.0 / sqrt(<double>D))
     with parallel(num_threads=nthreads):
         s = scratch + threadid() * attention_scratch_size(cap, D)
-        zacc = s + cap + KEY_BLOCK
         # Later positions see more keys; dynamic scheduling balances the
         # triangle (and the few heads of a decode step).
         for i in prange(H * T, schedule="dynamic", chunksize=1):
             h = i // T
             t = i % T
-            L = past + t + 1
-            q = qkv + t * 3 * C + h * D
-            kT = k_cache + h * D * cap
-            vh = v_cache + h * cap * D
-            # scores: s[j] = q . k_j, 64 key positions at a time
-            for jb in range((L + KEY_BLOCK - 1) // KEY_BLOCK):
-                j = jb * KEY_BLOCK
-                cyf_gemv_strip(q, kT + j, cap, D, KEY_BLOCK if L - j > KEY_BLOCK else L - j, s + j)
-            _weights(s, L, S, inv_sqrt_d, scores, pattern, (h * T + t) * S)
-            # z = sum_j pattern[j] v_j, d_head columns at a time
-            for db in range((D + KEY_BLOCK - 1) // KEY_BLOCK):
-                d = db * KEY_BLOCK
-                cyf_gemv_strip(s, vh + d, D, L, KEY_BLOCK if D - d > KEY_BLOCK else D - d, zacc + d)
-            for d in range(D):
-                z[t * C + h * D + d] = zacc[d]
+            attend_one(z + t * C + h * D, qkv + t * 3 * C + h * D, k_cache + h * D * cap,
+                       v_cache + h * cap * D, past + t + 1, D, cap, s, s + cap + KEY_BLOCK,
+                       S, scores, pattern, (h * T + t) * S)
 
 
 cdef void _attend_tiles(float* z, const float* qkv, const float* k_cache, const float* v_cache,

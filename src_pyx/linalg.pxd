@@ -6,12 +6,26 @@
 #                with w_t=True, W is [N, K] (the tied unembedding, wte)
 #   b   [N]      bias, may be NULL
 #   out [T, N]
-# Every output element is one sequential k = 0..K-1 chain of multiply-adds,
-# and threads split outputs (column strips), never the summed dimension, so
-# results are bitwise identical at any thread count.
+# In the GEMM path every output element is one sequential k = 0..K-1 chain of
+# multiply-adds; the matrix-vector path sums fixed blocks of GEMV_ROWS rows
+# and then the blocks in order.  How work is split between threads never
+# changes a sum, so results are bitwise identical at any thread count.
 
-# Floats of scratch memory that linear() needs per thread for T rows.
-cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K) noexcept nogil
+# Floats of scratch memory that linear() needs for T rows of x [T, K] @ W
+# (W [K, N], or [N, K] with w_t) on nthreads threads.
+cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+                                    int nthreads) noexcept nogil
+
+cdef enum:
+    # Fewer rows than this take the matrix-vector path: with so few rows,
+    # packing W would cost as much as the product itself.
+    MATVEC_ROWS = 4
+    # Most columns per matrix-vector pass: their accumulators (8 KB) stay in
+    # L1 while the rows of W stream past.
+    GEMV_COLS = 2048
+    # Rows of W [K, N] per partial sum of the matrix-vector path: the unit of
+    # work a thread streams (64 rows of 768-3072 floats: 192-768 KB).
+    GEMV_ROWS = 64
 
 cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
@@ -21,6 +35,25 @@ cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 cdef void linear(float* out, const float* x, const float* W, const float* b,
                  Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
                  int act, bint accumulate, float* scratch, int nthreads) noexcept nogil
+
+# Outputs per thread when a team of nthreads splits N outputs: equal,
+# rounded up to 16 so every range starts on a cache line.
+cdef inline Py_ssize_t gemv_per_thread(Py_ssize_t N, int nthreads) noexcept nogil:
+    cdef Py_ssize_t per = (N + nthreads - 1) // nthreads
+    return (per + 15) // 16 * 16
+
+# Floats of partial sums gemv_team needs (shared by the team).
+cdef Py_ssize_t gemv_partials_size(Py_ssize_t K, Py_ssize_t N) noexcept nogil
+
+# One row's matrix-vector product out (=|+=) act(x @ W + b), x [K], shared by
+# the team of the enclosing parallel region: every thread calls it with the
+# same arguments and its own tid and acc (GEMV_COLS floats).  It contains a
+# barrier (unless w_t); pass another before reading out or reusing partials.
+# Every output is the same sum whatever the team size, and the same as
+# linear() gives for fewer than MATVEC_ROWS rows.
+cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
+                    Py_ssize_t K, Py_ssize_t N, bint w_t, int act, bint accumulate,
+                    float* partials, float* acc, int tid, int team) noexcept nogil
 
 # out[i] += x[i]
 cdef void add(float* out, const float* x, Py_ssize_t n, int nthreads) noexcept nogil

@@ -56,7 +56,8 @@ def mlp_forward(x, W_fc, b_fc, W_proj, b_proj, out=None, *, activation="gelu_new
         raise ValueError(f"mlp: empty dimension (T={T}, C={C}, D={D})")
     cdef int nt = _checks.threads(fn, threads)
     hidden = np.empty((T, D), dtype=np.float32)
-    scratch = np.empty(nt * linear_scratch_size(T, max(C, D)), dtype=np.float32)
+    scratch = np.empty(max(linear_scratch_size(T, C, D, False, nt),
+                           linear_scratch_size(T, D, C, False, nt)), dtype=np.float32)
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
     cdef const float* pwf = cptr(W_fc)

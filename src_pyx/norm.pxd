@@ -6,3 +6,7 @@
 cdef void layer_norm(float* out, const float* x, const float* g, const float* b,
                      Py_ssize_t T, Py_ssize_t C, float eps, float* scale,
                      int nthreads) noexcept nogil
+
+# One row: out[0:C] from x[0:C]; scale (may be NULL) gets sqrt(var + eps).
+cdef void ln_row(float* out, const float* x, const float* g, const float* b,
+                 Py_ssize_t C, float eps, float* scale) noexcept nogil

@@ -14,37 +14,39 @@ from cyformer import _checks
 cnp.import_array()
 
 
+cdef void ln_row(float* out, const float* x, const float* g, const float* b,
+                 Py_ssize_t C, float eps, float* scale) noexcept nogil:
+    cdef Py_ssize_t c
+    cdef double mean = 0.0, var = 0.0, d, s
+    cdef float mu, rstd
+    # Two passes in double: exact enough that a constant row gives var = 0
+    # (no cancellation), and the order is fixed per row.
+    for c in range(C):
+        mean = mean + x[c]
+    mean = mean / C
+    for c in range(C):
+        d = x[c] - mean
+        var = var + d * d
+    var = var / C
+    s = sqrt(var + eps)
+    if scale != NULL:
+        scale[0] = <float>s
+    mu = <float>mean
+    rstd = <float>(1.0 / s)
+    for c in range(C):
+        out[c] = (x[c] - mu) * rstd * g[c] + b[c]
+
+
 cdef void layer_norm(float* out, const float* x, const float* g, const float* b,
                      Py_ssize_t T, Py_ssize_t C, float eps, float* scale,
                      int nthreads) noexcept nogil:
-    cdef Py_ssize_t t, c
-    cdef const float* xr
-    cdef double mean, var, d, s
-    cdef float mu, rstd
+    cdef Py_ssize_t t
     if T <= 0:
         return
     # never more threads than rows: a decode step's single row stays on one
     # thread instead of waking the team
     for t in prange(T, num_threads=nthreads if nthreads < T else <int>T, schedule="static"):
-        xr = x + t * C
-        # Two passes in double: exact enough that a constant row gives var = 0
-        # (no cancellation), and the order is fixed per row.
-        mean = 0.0
-        for c in range(C):
-            mean = mean + xr[c]
-        mean = mean / C
-        var = 0.0
-        for c in range(C):
-            d = xr[c] - mean
-            var = var + d * d
-        var = var / C
-        s = sqrt(var + eps)
-        if scale != NULL:
-            scale[t] = <float>s
-        mu = <float>mean
-        rstd = <float>(1.0 / s)
-        for c in range(C):
-            out[t * C + c] = (xr[c] - mu) * rstd * g[c] + b[c]
+        ln_row(out + t * C, x + t * C, g, b, C, eps, scale + t if scale != NULL else NULL)
 
 
 def layer_norm_forward(x, g, b, eps=1e-5, out=None, scale=None, threads=None):

@@ -38,8 +38,8 @@ def test_dot(rng, n):
 
 
 @pytest.mark.parametrize("threads", THREADS)
-@pytest.mark.parametrize("T,K,N", [(1, 1, 1), (1, 768, 2304), (2, 33, 17), (3, 64, 65),
-                                   (4, 5, 7), (7, 96, 40), (13, 128, 100), (64, 48, 144)])
+@pytest.mark.parametrize("T,K,N", [(1, 1, 1), (1, 768, 2304), (1, 3072, 768), (2, 33, 17), (3, 64, 65),
+                                   (2, 200, 5000), (4, 5, 7), (7, 96, 40), (13, 128, 100), (64, 48, 144)])
 @pytest.mark.parametrize("w_t", [False, True])
 def test_linear(rng, threads, T, K, N, w_t):
     x, W, b = f32(rng, T, K), f32(rng, K, N), f32(rng, N)
@@ -214,10 +214,17 @@ def test_add_and_embedding(rng, threads):
 
 
 def test_kernels_bitwise_equal_across_threads(rng):
-    x, W, b = f32(rng, 37, 200), f32(rng, 200, 301), f32(rng, 301)
-    one = linalg.linear_forward(x, W, b, threads=1)
-    for n in (2, 3, 5):
-        assert np.array_equal(one, linalg.linear_forward(x, W, b, threads=n))
+    # both paths: T >= 4 (packed GEMM) and T < 4 (matrix-vector, where K = 200
+    # is summed in blocks of 64 rows and 37 columns leave some threads idle)
+    for T, N in ((37, 301), (1, 301), (3, 37)):
+        x, W, b = f32(rng, T, 200), f32(rng, 200, N), f32(rng, N)
+        one = linalg.linear_forward(x, W, b, threads=1)
+        for n in (2, 3, 5, 16):
+            assert np.array_equal(one, linalg.linear_forward(x, W, b, threads=n))
+        Wt = np.ascontiguousarray(W.T)
+        one = linalg.linear_forward(x, Wt, b, w_transposed=True, threads=1)
+        for n in (2, 3, 5, 16):
+            assert np.array_equal(one, linalg.linear_forward(x, Wt, b, w_transposed=True, threads=n))
     qkv = f32(rng, 9, 3 * 4 * 8)
     outs = []
     for n in (1, 2, 3):

@@ -21,7 +21,7 @@ arrays themselves.  Without hooks the fused path below runs unchanged.
 import numpy as np
 
 from ..config import Config
-from ..kernels import activations, attention, linalg, mlp, norm
+from ..kernels import activations, attention, decode, linalg, mlp, norm
 from ..kv_cache import KVCache
 from ..weights import BlockWeights, LayerNormWeights, Weights
 
@@ -232,6 +232,15 @@ class CythonBackend:
         self.threads = threads
         self.blocks = [Block(i, w, cfg) for i, w in enumerate(weights.blocks)]
         self.ln_f = LayerNorm(weights.ln_f, cfg.layer_norm_epsilon)
+        # Generation's one-token steps: every layer in one kernel call.
+        self.step = decode.DecodeStep(
+            weights.wte, weights.wpe,
+            [(w.ln_1.weight, w.ln_1.bias, w.c_attn.weight, w.c_attn.bias,
+              w.attn_c_proj.weight, w.attn_c_proj.bias, w.ln_2.weight, w.ln_2.bias,
+              w.c_fc.weight, w.c_fc.bias, w.mlp_c_proj.weight, w.mlp_c_proj.bias)
+             for w in weights.blocks],
+            weights.ln_f.weight, weights.ln_f.bias, weights.lm_head,
+            cfg.n_head, cfg.layer_norm_epsilon, cfg.gelu)
 
     def new_cache(self, capacity):
         return KVCache(self.config, capacity)
@@ -253,6 +262,10 @@ class CythonBackend:
             return self._run_hooked(ids, kv, last_only, hooks)
         threads = self.threads
         past = kv.length
+        if len(ids) == 1:  # a decode step: the fused kernel, bitwise the same logits
+            logits = self.step(ids[0], kv.k, kv.v, past, threads)
+            kv.length = past + 1
+            return logits
         resid = self.embed(ids, past, threads)
         for block in self.blocks:
             block(resid, kv, past, threads)

@@ -1,0 +1,136 @@
+"""The fused decode step (kernels.decode): one new token through every layer
+in one kernel call.  It must give bitwise the logits and cache of the
+per-op kernels, match Hugging Face's cached decoding, and refuse bad input."""
+
+import numpy as np
+import pytest
+import torch
+
+import cyformer
+from cyformer.kernels import decode
+
+TOL = 1e-4  # logits against HF, as in test_model_hf.py
+
+
+def per_op_step(backend, kv, token, threads):
+    """One token through the unfused kernels, as the hooked path runs them."""
+    past = kv.length
+    resid = backend.embed(np.array([token]), past, threads)
+    for block in backend.blocks:
+        block(resid, kv, past, threads)
+    kv.length = past + 1
+    return backend.unembed(backend.ln_f(resid, threads), threads)
+
+
+@pytest.mark.parametrize("name", ["odd", "erf"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_fused_step_is_bitwise_the_per_op_path(checkpoint, rng, name, threads):
+    path, _ = checkpoint(name)
+    be = cyformer.load(path, threads=threads).backend
+    cfg = be.config
+    ids = rng.integers(0, cfg.vocab_size, size=cfg.n_positions)
+    fused, ref = be.new_cache(cfg.n_positions), be.new_cache(cfg.n_positions)
+    be.run(ids[:5], fused)
+    be.run(ids[:5], ref)
+    for t in ids[5:]:  # up to a full context
+        got = be.run(np.array([t]), fused)
+        want = per_op_step(be, ref, t, threads)
+        assert np.array_equal(got, want)
+    assert np.array_equal(fused.k, ref.k) and np.array_equal(fused.v, ref.v)
+    assert fused.length == ref.length == cfg.n_positions
+
+
+def test_fused_step_bundled_model_same_at_every_thread_count():
+    """d_model 256, 4 heads: several 64-row blocks per product and more
+    threads than heads."""
+    outs = []
+    for threads in (1, 2, 3, 5):
+        m = cyformer.load(threads=threads)
+        be = m.backend
+        kv = be.new_cache(32)
+        be.run(np.arange(7), kv)
+        outs.append(np.concatenate([be.run(np.array([t]), kv) for t in (5, 9, 200, 3)]))
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("name", ["odd", "erf"])
+def test_fused_step_matches_hf_cached_decoding(checkpoint, rng, name):
+    path, hf = checkpoint(name)
+    be = cyformer.load(path, threads=2).backend
+    V = be.config.vocab_size
+    prompt = rng.integers(0, V, size=6)
+    kv = be.new_cache(be.config.n_positions)
+    be.run(prompt, kv)
+    with torch.no_grad():
+        out = hf(torch.tensor(prompt[None]), use_cache=True)
+        past = out.past_key_values
+        for t in rng.integers(0, V, size=20):
+            out = hf(torch.tensor([[t]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            got = be.run(np.array([t]), kv)
+            np.testing.assert_allclose(got[0], out.logits[0, -1].numpy(), atol=TOL, rtol=0)
+
+
+@pytest.fixture
+def step_and_cache(checkpoint):
+    be = cyformer.load(checkpoint("odd")[0]).backend
+    kv = be.new_cache(8)
+    return be.step, kv
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(token=-1), "token id -1 is outside the vocabulary"),
+    (dict(token=101), "token id 101 is outside the vocabulary"),
+    (dict(token=1.5), "token"),
+    (dict(token="a"), "token"),
+    (dict(past=-1), "position -1 is outside the cache"),
+    (dict(past=8), "position 8 is outside the cache"),
+    (dict(threads=0), "threads"),
+])
+def test_step_refuses_bad_arguments(step_and_cache, change, match):
+    step, kv = step_and_cache
+    args = dict(token=3, k_cache=kv.k, v_cache=kv.v, past=0, threads=1)
+    args.update(change)
+    with pytest.raises(ValueError, match=match):
+        step(args["token"], args["k_cache"], args["v_cache"], args["past"], threads=args["threads"])
+
+
+def test_step_refuses_bad_caches(step_and_cache):
+    step, kv = step_and_cache
+    with pytest.raises(ValueError, match="k_cache"):
+        step(3, kv.k[:1], kv.v, 0)
+    with pytest.raises(ValueError, match="v_cache"):
+        step(3, kv.k, kv.v.transpose(0, 1, 3, 2).copy(), 0)
+    with pytest.raises((ValueError, TypeError), match="k_cache"):
+        step(3, kv.k.astype(np.float64), kv.v, 0)
+    with pytest.raises(ValueError, match="k_cache"):
+        step(3, kv.k[..., ::2], kv.v, 0)
+    ro = kv.v.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="v_cache"):
+        step(3, kv.k, ro, 0)
+    with pytest.raises(ValueError, match="share memory|overlap"):
+        step(3, kv.k, kv.k.reshape(kv.v.shape), 0)
+
+
+def test_step_refuses_misshapen_weights(checkpoint):
+    w = cyformer.load(checkpoint("odd")[0]).weights
+    layer = (w.blocks[0].ln_1.weight, w.blocks[0].ln_1.bias, w.blocks[0].c_attn.weight,
+             w.blocks[0].c_attn.bias, w.blocks[0].attn_c_proj.weight, w.blocks[0].attn_c_proj.bias,
+             w.blocks[0].ln_2.weight, w.blocks[0].ln_2.bias, w.blocks[0].c_fc.weight,
+             w.blocks[0].c_fc.bias, w.blocks[0].mlp_c_proj.weight, w.blocks[0].mlp_c_proj.bias)
+    args = (w.wte, w.wpe, [layer], w.ln_f.weight, w.ln_f.bias, w.lm_head, 3, 1e-5)
+    decode.DecodeStep(*args)  # the good case builds
+    bad_attn = layer[:2] + (layer[2][:, :-1].copy(),) + layer[3:]
+    with pytest.raises(ValueError, match=r"layers\[0\].c_attn.weight"):
+        decode.DecodeStep(*args[:2], [bad_attn], *args[3:])
+    with pytest.raises(ValueError, match="12 arrays"):
+        decode.DecodeStep(*args[:2], [layer[:11]], *args[3:])
+    with pytest.raises(ValueError, match="n_head"):
+        decode.DecodeStep(*args[:6], 5, 1e-5)
+    with pytest.raises(ValueError, match="at least one layer"):
+        decode.DecodeStep(*args[:2], [], *args[3:])
+    with pytest.raises(ValueError, match="activation"):
+        decode.DecodeStep(*args, activation="relu")
+    with pytest.raises(ValueError, match="lm_head"):
+        decode.DecodeStep(*args[:5], w.lm_head[:-1].copy(), 3, 1e-5)
