@@ -33,6 +33,7 @@ cdef extern from "simd.h" nogil:
     void cyf_gemm_tile(const float* x, Py_ssize_t ldx, int nrows,
                        const float* wp, Py_ssize_t ldw, Py_ssize_t K, float* tile)
     float cyf_dot(const float* a, const float* b, Py_ssize_t n)
+    float cyf_stream_sum(const float* x, Py_ssize_t n)
     void cyf_gelu_new_n(float* x, Py_ssize_t n)
     void cyf_gemv_rows(const float* x, const float* W, Py_ssize_t ldw, Py_ssize_t K,
                        Py_ssize_t n, float* out)
@@ -362,3 +363,22 @@ def embedding(ids, wte, wpe, pos0=0, out=None, threads=None):
         with nogil:
             embed(po, &vid[0], pe, pp, T, C, p0, nt)
     return out
+
+
+def stream_sum(x, threads=None):
+    """Sum of a float32 array, each thread reading one contiguous part with
+    the widest loads this kernel level has.  A probe, not a numeric kernel:
+    the benchmark times it as the machine's streaming read bandwidth (the
+    summation order is whatever is fastest)."""
+    f32("stream_sum", "x", x, -1)
+    cdef int nt = _checks.threads("stream_sum", threads)
+    cdef const float* px = cptr(x)
+    cdef Py_ssize_t n = x.size
+    cdef Py_ssize_t per = (n + nt - 1) // nt
+    cdef Py_ssize_t t
+    cdef float total = 0.0
+    if n:
+        for t in prange(nt, nogil=True, num_threads=nt, schedule="static", chunksize=1):
+            if t * per < n:
+                total += cyf_stream_sum(px + t * per, n - t * per if n - t * per < per else per)
+    return float(total)

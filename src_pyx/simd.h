@@ -154,6 +154,25 @@ static inline float cyf_dot(const float *a, const float *b, ptrdiff_t n)
     return lanes[0];
 }
 
+/* sum of x[0..n) in 32 interleaved lanes (four independent vector chains,
+ * so that the loop is bound by memory rather than by the adder): the
+ * benchmark's probe of streaming read bandwidth.  Order-dependent; only
+ * its speed matters. */
+static inline float cyf_stream_sum(const float *x, ptrdiff_t n)
+{
+    cyf_v8f a = {0}, b = {0}, c = {0}, d = {0};
+    ptrdiff_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a += cyf_load8(x + i);      b += cyf_load8(x + i + 8);
+        c += cyf_load8(x + i + 16); d += cyf_load8(x + i + 24);
+    }
+    a = (a + b) + (c + d);
+    float s = 0.0f;
+    for (int j = 0; j < 8; j++) s += a[j];
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+
 /* ---- exp and GELU, 8 lanes at a time ------------------------------------
  * glibc's expf/tanhf are scalar calls; without -ffast-math gcc will not
  * vectorise them.  This exp uses Cody-Waite range reduction x = n ln2 + r and

@@ -231,3 +231,14 @@ def test_kernels_bitwise_equal_across_threads(rng):
         k, v = np.zeros((4, 8, 9), np.float32), np.zeros((4, 9, 8), np.float32)
         outs.append(attention.attention_forward(qkv, k, v, 0, threads=n))
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("n", [0, 1, 31, 32, 33, 1000, 4099])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_stream_sum_probe_reads_every_element(rng, n, threads):
+    """The benchmark's read-bandwidth probe must really read the whole array."""
+    x = rng.integers(-8, 9, size=n).astype(np.float32)  # small integers: every order sums exactly
+    assert linalg.stream_sum(x, threads=threads) == float(x.sum(dtype=np.float64))
+    assert linalg.stream_sum(x.reshape(-1, 1), threads=threads) == float(x.sum(dtype=np.float64))
+    with pytest.raises(ValueError, match="stream_sum"):
+        linalg.stream_sum(x[::2] if n > 2 else x.astype(np.float64))
