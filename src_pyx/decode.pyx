@@ -219,8 +219,8 @@ cdef class DecodeStep:
         _checks.no_overlap(fn, "k_cache", k_cache, v_cache=v_cache)
         past = _checks.integer(fn, "past", past)
         if not 0 <= past < min(cap, self.P):
-            raise ValueError(f"{fn}: position {past} is outside the cache ({cap} positions) "
-                             f"or the context ({self.P})")
+            raise ValueError(f"{fn}: past={past} is outside the cache ({cap} positions) "
+                             f"or the context ({self.P} positions)")
         cdef int nt = _checks.threads(fn, threads)
         cdef Py_ssize_t C = self.C
         cdef Py_ssize_t private_size = C + GEMV_COLS + cap + KEY_SLACK + D + KEY_SLACK

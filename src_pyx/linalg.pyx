@@ -131,7 +131,7 @@ cdef void _gemm(float* out, const float* x, const float* W, const float* b,
     with parallel(num_threads=nthreads):
         pack = scratch + threadid() * _gemm_scratch(K)
         tile = pack + K * GEMM_NC
-        for p in prange(npanels, schedule="static"):
+        for p in prange(npanels, schedule="dynamic", chunksize=1):
             n0 = p * GEMM_NC
             pw = N - n0 if N - n0 < GEMM_NC else GEMM_NC
             nstr = (pw + CYF_NR - 1) // CYF_NR

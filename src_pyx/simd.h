@@ -173,6 +173,59 @@ static inline float cyf_stream_sum(const float *x, ptrdiff_t n)
     return s;
 }
 
+/* Sums in double over 8 interleaved lanes (i mod 8, two 4-double vectors),
+ * the lanes then added in a fixed tree: eight independent add chains
+ * instead of one (layer norm's statistics), in an order fixed for a given n. */
+typedef double cyf_v4d __attribute__((vector_size(32)));
+typedef float cyf_v4f __attribute__((vector_size(16)));
+
+static inline cyf_v4d cyf_widen4(const float *p)
+{
+    cyf_v4f v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, cyf_v4d);
+}
+
+/* the lanes of a, b plus the tail x[i..n) (each term x - shift, squared
+ * when `square`), combined in a fixed tree */
+static inline double cyf_lanes8(cyf_v4d a, cyf_v4d b, const float *x, ptrdiff_t i, ptrdiff_t n,
+                                double shift, int square)
+{
+    double l[8];
+    memcpy(l, &a, sizeof a);
+    memcpy(l + 4, &b, sizeof b);
+    for (ptrdiff_t j = 0; i < n; i++, j++) {
+        double d = (double)x[i] - shift;
+        l[j] += square ? d * d : d;
+    }
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+/* sum_i x[i] */
+static inline double cyf_sum_f64(const float *x, ptrdiff_t n)
+{
+    cyf_v4d a = {0}, b = {0};
+    ptrdiff_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        a += cyf_widen4(x + i);
+        b += cyf_widen4(x + i + 4);
+    }
+    return cyf_lanes8(a, b, x, i, n, 0.0, 0);
+}
+
+/* sum_i (x[i] - mean)^2 */
+static inline double cyf_sqdev_f64(const float *x, ptrdiff_t n, double mean)
+{
+    cyf_v4d a = {0}, b = {0};
+    ptrdiff_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        cyf_v4d d0 = cyf_widen4(x + i) - mean, d1 = cyf_widen4(x + i + 4) - mean;
+        a += d0 * d0;
+        b += d1 * d1;
+    }
+    return cyf_lanes8(a, b, x, i, n, mean, 1);
+}
+
 /* ---- exp and GELU, 8 lanes at a time ------------------------------------
  * glibc's expf/tanhf are scalar calls; without -ffast-math gcc will not
  * vectorise them.  This exp uses Cody-Waite range reduction x = n ln2 + r and
@@ -250,22 +303,27 @@ static inline void cyf_gelu_new_n(float *x, ptrdiff_t n)
     }
 }
 
-/* x[i] = e^(x[i] - shift) in place; returns the sum of the results, added in
- * index order in double (deterministic, and exact enough for softmax). */
+/* x[i] = e^(x[i] - shift) in place; returns the sum of the results, added
+ * in double over 8 interleaved lanes (i mod 8) and then a fixed tree:
+ * deterministic, exact enough for softmax, and not one serial chain. */
 static inline double cyf_exp_shift_n(float *x, ptrdiff_t n, float shift)
 {
-    double sum = 0.0;
+    cyf_v4d a = {0}, b = {0};
     ptrdiff_t i = 0;
-    float buf[8];
-    for (; i < n; i += 8) {
-        ptrdiff_t m = n - i < 8 ? n - i : 8;
+    for (; i + 8 <= n; i += 8) {
+        cyf_store8(x + i, cyf_exp8(cyf_load8(x + i) - shift));
+        a += cyf_widen4(x + i);
+        b += cyf_widen4(x + i + 4);
+    }
+    if (i < n) {  /* the tail through a padded buffer: the same vector arithmetic */
+        float buf[8];
+        ptrdiff_t m = n - i;
         memcpy(buf, x + i, (size_t)m * sizeof(float));
         for (ptrdiff_t j = m; j < 8; j++) buf[j] = shift;
         cyf_store8(buf, cyf_exp8(cyf_load8(buf) - shift));
         memcpy(x + i, buf, (size_t)m * sizeof(float));
-        for (ptrdiff_t j = 0; j < m; j++) sum += buf[j];
     }
-    return sum;
+    return cyf_lanes8(a, b, x, i, n, 0.0, 0);
 }
 
 #endif

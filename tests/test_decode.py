@@ -83,8 +83,8 @@ def step_and_cache(checkpoint):
     (dict(token=101), "token id 101 is outside the vocabulary"),
     (dict(token=1.5), "token"),
     (dict(token="a"), "token"),
-    (dict(past=-1), "position -1 is outside the cache"),
-    (dict(past=8), "position 8 is outside the cache"),
+    (dict(past=-1), "past=-1 is outside the cache"),
+    (dict(past=8), "past=8 is outside the cache"),
     (dict(threads=0), "threads"),
 ])
 def test_step_refuses_bad_arguments(step_and_cache, change, match):

@@ -27,7 +27,7 @@ import pytest
 
 import cyformer
 from cyformer import Config, CyformerError, ModelLoadError
-from cyformer.kernels import activations, attention, linalg, mlp, norm
+from cyformer.kernels import activations, attention, decode, linalg, mlp, norm
 from cyformer.weights import load_weights
 
 # ---------------------------------------------------------------------------
@@ -523,17 +523,33 @@ WRAPPERS = {
         dict(x="in", W_fc="in", b_fc="in", W_proj="in", b_proj="in", out="out"),
         bad_shapes=dict(x=(T, K + 1), W_fc=(K + 1, N), b_fc=(N + 1,), W_proj=(N, K + 1), b_proj=(K + 1,),
                         out=(T + 1, K))),
+    "stream_sum": Wrapper(
+        lambda **kw: linalg.stream_sum(**kw), "stream_sum",
+        lambda: dict(x=a32(T, K)), dict(x="in"), any_ndim=["x"]),
+    # one layer, d_model H * D, d_mlp N; the caches are [layers, H, D, cap] and [layers, H, cap, D]
+    "decode_step": Wrapper(
+        lambda **kw: _STEP(**kw), "decode step",
+        lambda: dict(token=3, k_cache=a32(1, H, D, CAP), v_cache=a32(1, H, CAP, D), past=2),
+        dict(k_cache="inout", v_cache="inout"),
+        bad_shapes=dict(k_cache=(2, H, D, CAP), v_cache=(1, H, CAP, D + 1))),
 }
+_C = H * D
+_STEP = decode.DecodeStep(
+    a32(V, _C), a32(P, _C),
+    [(a32(_C), a32(_C), a32(_C, 3 * _C), a32(3 * _C), a32(_C, _C), a32(_C), a32(_C), a32(_C),
+      a32(_C, N), a32(N), a32(N, _C), a32(_C))],
+    a32(_C), a32(_C), a32(V, _C), H, 1e-5)
 
 
 def test_every_public_kernel_wrapper_is_covered():
     """A new def in a kernel module must be added to WRAPPERS."""
-    public = {f"{m.__name__.rsplit('.', 1)[1]}.{n}" for m in (linalg, norm, activations, attention, mlp)
+    public = {f"{m.__name__.rsplit('.', 1)[1]}.{n}" for m in (linalg, norm, activations, attention, mlp, decode)
               for n in dir(m) if not n.startswith("_") and callable(getattr(m, n))
               and getattr(getattr(m, n), "__module__", None) == m.__name__}
     covered = {"linalg.linear_forward", "linalg.dot_product", "linalg.add_into", "linalg.embedding",
                "norm.layer_norm_forward", "activations.gelu_inplace", "activations.softmax_inplace",
-               "attention.attention_forward", "mlp.mlp_forward"}
+               "attention.attention_forward", "mlp.mlp_forward", "linalg.stream_sum",
+               "decode.DecodeStep"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
 
 
@@ -667,6 +683,8 @@ SCALAR_CASES = [
     ("embedding", "ids", np.array([1, 2, 2**63 + 5], np.uint64), "ids"),
     ("embedding", "ids", [[1], [2, 3]], "ids"),
     ("embedding", "ids", None, "ids"),
+    *[("decode_step", "token", v, "token") for v in (-1, V, 1.5, None, "3", np.int64(2**40))],
+    *[("decode_step", "past", v, "past") for v in (-1, CAP, 1.5, None, "0")],
     ("linear", "accumulate", True, "accumulate"),  # needs out: the case drops it
     ("mlp", "accumulate", True, "accumulate"),
 ]
