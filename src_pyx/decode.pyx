@@ -87,6 +87,10 @@ cdef void _step(const Layer* layers, Py_ssize_t n_layer, const float* wte, const
     cdef float* s
     cdef float* kl
     cdef float* vl
+    # work counters: [0] for every W [K, N] product (each leaves it at 0),
+    # [1] for the unembedding
+    cdef Py_ssize_t counters[2]
+    counters[0] = counters[1] = 0
     with parallel(num_threads=nthreads):
         tid = threadid()
         team = cyf_team_size()
@@ -102,7 +106,7 @@ cdef void _step(const Layer* layers, Py_ssize_t n_layer, const float* wte, const
             kl = k_cache + l * H * D * cap
             vl = v_cache + l * H * cap * D
             ln_row(x, resid, ly.ln1_g, ly.ln1_b, C, eps, NULL)
-            gemv_team(qkv, x, ly.attn_w, ly.attn_b, C, 3 * C, False, ACT_NONE, False, partials, acc, tid, team)
+            gemv_team(qkv, x, ly.attn_w, ly.attn_b, C, 3 * C, False, ACT_NONE, False, partials, acc, &counters[0], tid, team)
             cyf_barrier()
             for h in range(tid * H // team, (tid + 1) * H // team):
                 append_kv_head(qkv, kl, vl, past, 1, h, H, D, cap)
@@ -110,16 +114,17 @@ cdef void _step(const Layer* layers, Py_ssize_t n_layer, const float* wte, const
                            s, s + cap + KEY_SLACK, L, NULL, NULL, 0)
             cyf_barrier()
             gemv_team(resid, z, ly.attn_proj_w, ly.attn_proj_b, C, C, False, ACT_NONE, True, partials, acc,
-                      tid, team)
+                      &counters[0], tid, team)
             cyf_barrier()
             ln_row(x, resid, ly.ln2_g, ly.ln2_b, C, eps, NULL)
-            gemv_team(hidden, x, ly.fc_w, ly.fc_b, C, F, False, act, False, partials, acc, tid, team)
+            gemv_team(hidden, x, ly.fc_w, ly.fc_b, C, F, False, act, False, partials, acc, &counters[0], tid, team)
             cyf_barrier()
             gemv_team(resid, hidden, ly.mlp_proj_w, ly.mlp_proj_b, F, C, False, ACT_NONE, True, partials,
-                      acc, tid, team)
+                      acc, &counters[0], tid, team)
             cyf_barrier()
         ln_row(x, resid, lnf_g, lnf_b, C, eps, NULL)
-        gemv_team(logits, x, lm_head, NULL, C, V, True, ACT_NONE, False, NULL, acc, tid, team)
+        gemv_team(logits, x, lm_head, NULL, C, V, True, ACT_NONE, False, NULL, acc, &counters[1],
+                  tid, team)
 
 
 cdef class DecodeStep:

@@ -26,6 +26,9 @@ cdef enum:
     # Rows of W [K, N] per partial sum of the matrix-vector path: the unit of
     # work a thread streams (64 rows of 768-3072 floats: 192-768 KB).
     GEMV_ROWS = 64
+    # Outputs per work item when W is [N, K] (contiguous rows): 1.5 MB of a
+    # d_model-768 unembedding.
+    GEMV_T_ROWS = 512
 
 cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
@@ -47,13 +50,16 @@ cdef Py_ssize_t gemv_partials_size(Py_ssize_t K, Py_ssize_t N) noexcept nogil
 
 # One row's matrix-vector product out (=|+=) act(x @ W + b), x [K], shared by
 # the team of the enclosing parallel region: every thread calls it with the
-# same arguments and its own tid and acc (GEMV_COLS floats).  It contains a
-# barrier (unless w_t); pass another before reading out or reusing partials.
-# Every output is the same sum whatever the team size, and the same as
-# linear() gives for fewer than MATVEC_ROWS rows.
+# same arguments and its own tid and acc (GEMV_COLS floats).  counter is
+# shared and 0 on entry; without w_t it is 0 again on return, so the next
+# product may use it, and the call contains a barrier.  Pass another barrier
+# before reading out or reusing partials.  Every output is the same sum
+# whatever the team size, and the same as linear() gives for fewer than
+# MATVEC_ROWS rows.
 cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
                     Py_ssize_t K, Py_ssize_t N, bint w_t, int act, bint accumulate,
-                    float* partials, float* acc, int tid, int team) noexcept nogil
+                    float* partials, float* acc, Py_ssize_t* counter, int tid,
+                    int team) noexcept nogil
 
 # out[i] += x[i]
 cdef void add(float* out, const float* x, Py_ssize_t n, int nthreads) noexcept nogil

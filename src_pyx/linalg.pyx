@@ -41,6 +41,7 @@ cdef extern from "simd.h" nogil:
 cdef extern from "team.h" nogil:
     int cyf_team_size()
     void cyf_barrier()
+    Py_ssize_t cyf_next_item(Py_ssize_t* counter)
 
 cdef enum:
     # Columns per packed GEMM panel (8 strips): the unit of work per thread.
@@ -164,27 +165,35 @@ cdef void gemv_cols(float* out, const float* x, const float* W, const float* b,
 
 cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
                     Py_ssize_t K, Py_ssize_t N, bint w_t, int act, bint accumulate,
-                    float* partials, float* acc, int tid, int team) noexcept nogil:
-    # Each thread must stream one contiguous run of W: two threads reading
+                    float* partials, float* acc, Py_ssize_t* counter, int tid,
+                    int team) noexcept nogil:
+    # Each thread must stream long contiguous runs of W: two threads reading
     # the two halves of every row ran 20-25 % slower (measured on 768x3072
     # and 3072x768) than two threads each reading its own block of rows.
-    # So for W [K, N] the rows are cut into fixed blocks of GEMV_ROWS; each
-    # thread sums its run of blocks into one partial vector per block, and
-    # after a barrier each thread adds up the partials of its output range
-    # in block order.  The blocks do not depend on the team size, so neither
-    # do the results.
+    # So for W [K, N] the rows are cut into fixed blocks of GEMV_ROWS, which
+    # the threads take one at a time from a shared counter (on a shared
+    # machine a fixed split leaves the faster thread waiting); each block is
+    # summed into its own partial vector, and after a barrier each thread
+    # adds up the partials of its output range in block order.  The blocks
+    # do not depend on the team, so neither do the results.
     cdef Py_ssize_t per = gemv_per_thread(N, team)
     cdef Py_ssize_t n0 = tid * per
     cdef Py_ssize_t n1 = N if N < n0 + per else n0 + per
     cdef Py_ssize_t nb, blk, k0, kb, c0, cw, j
     cdef float* p0
     cdef const float* pb
-    if w_t:  # W [N, K]: an output range already is a contiguous run
-        if n0 < n1:
-            gemv_cols(out, x, W, b, K, N, n0, n1, act, accumulate, acc)
+    if w_t:  # W [N, K]: a range of outputs already is a contiguous run
+        nb = (N + GEMV_T_ROWS - 1) // GEMV_T_ROWS
+        blk = cyf_next_item(counter)
+        while blk < nb:
+            c0 = blk * GEMV_T_ROWS
+            gemv_cols(out, x, W, b, K, N, c0, N if N < c0 + GEMV_T_ROWS else c0 + GEMV_T_ROWS,
+                      act, accumulate, acc)
+            blk = cyf_next_item(counter)
         return
     nb = (K + GEMV_ROWS - 1) // GEMV_ROWS
-    for blk in range(tid * nb // team, (tid + 1) * nb // team):
+    blk = cyf_next_item(counter)
+    while blk < nb:
         k0 = blk * GEMV_ROWS
         kb = K - k0 if K - k0 < GEMV_ROWS else GEMV_ROWS
         c0 = 0
@@ -192,7 +201,10 @@ cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
             cw = N - c0 if N - c0 < GEMV_COLS else GEMV_COLS
             cyf_gemv_rows(x + k0, W + k0 * N + c0, N, kb, cw, partials + blk * N + c0)
             c0 += cw
+        blk = cyf_next_item(counter)
     cyf_barrier()
+    if tid == 0:  # every thread has drawn its last item: ready for the next product
+        counter[0] = 0
     if n0 < n1:
         p0 = partials + n0
         for blk in range(1, nb):
@@ -207,14 +219,17 @@ cdef void _gemv(float* out, const float* x, const float* W, const float* b,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
     cdef float* partials = scratch
     cdef float* accs = scratch + (0 if w_t else gemv_partials_size(K, N))
+    cdef Py_ssize_t counters[MATVEC_ROWS]  # one per row (T < MATVEC_ROWS)
     cdef Py_ssize_t t
     cdef int tid, team
+    for t in range(T):
+        counters[t] = 0
     with parallel(num_threads=nthreads):
         tid = threadid()
         team = cyf_team_size()
         for t in range(T):
             gemv_team(out + t * N, x + t * K, W, b, K, N, w_t, act, accumulate,
-                      partials, accs + tid * GEMV_COLS, tid, team)
+                      partials, accs + tid * GEMV_COLS, &counters[t], tid, team)
             cyf_barrier()  # the partials are reused by the next row
 
 
