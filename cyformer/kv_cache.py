@@ -4,12 +4,14 @@ import numpy as np
 
 from .config import Config
 
+PAD = 16  # floats of padding per key row (one cache line)
+
 
 class KVCache:
     """Keys and values of every layer for one sequence, allocated once.
 
-    k [L, H, D, capacity]  keys, transposed so a query's scores vectorise over positions
-    v [L, H, capacity, D]  values
+    k [L, H, D, capacity + PAD]  keys, transposed so a query's scores vectorise over positions
+    v [L, H, capacity + PAD, D]  values (positions past capacity are never used)
     ``length`` positions are filled; the next token goes to position ``length``.
     A cache belongs to one sequence: two generations never share one.
     """
@@ -20,8 +22,13 @@ class KVCache:
             raise ValueError(f"KVCache: capacity must be in [1, {cfg.n_positions}], got {capacity}")
         L, H, D = cfg.n_layer, cfg.n_head, cfg.d_head
         self.capacity = cap
-        self.k = np.zeros((L, H, D, cap), dtype=np.float32)
-        self.v = np.zeros((L, H, cap, D), dtype=np.float32)
+        # Rows of k are `cap` floats apart; at a multiple of 1 KB (256, 512,
+        # 1024 positions) the D rows a score strip reads fall into the same
+        # few L1 sets and evict each other.  One cache line of padding per row
+        # spreads them; the kernels see a cache of cap + PAD positions.
+        alloc = cap + PAD
+        self.k = np.zeros((L, H, D, alloc), dtype=np.float32)
+        self.v = np.zeros((L, H, alloc, D), dtype=np.float32)
         self.length = 0
 
     def layer(self, i):

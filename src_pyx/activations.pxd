@@ -6,6 +6,7 @@ cdef extern from "simd.h" nogil:
     # GPT-2's tanh GELU, 8 lanes at a time, in place over n floats
     void cyf_gelu_new_n(float* x, Py_ssize_t n)
     double cyf_exp_shift_n(float* x, Py_ssize_t n, float shift)
+    float cyf_max_n(const float* x, Py_ssize_t n, float init)
 
 # Activation codes, also used by the fused epilogues in linalg.
 cdef enum Act:
@@ -22,13 +23,10 @@ cdef inline float gelu_erf(float x) noexcept nogil:
 cdef inline void softmax_row(float* x, Py_ssize_t n) noexcept nogil:
     # Stable softmax in place: subtract the max before exp.  A row that is all
     # -inf (nothing visible) becomes uniform rather than NaN; +inf entries
-    # share the mass equally.  The sum runs in index order (deterministic).
+    # share the mass equally.  The sum runs in a fixed order (deterministic).
     cdef Py_ssize_t i
-    cdef float m = -INFINITY
+    cdef float m = cyf_max_n(x, n, -INFINITY)
     cdef double s = 0.0
-    for i in range(n):
-        if x[i] > m:
-            m = x[i]
     if m == -INFINITY or m == INFINITY:
         for i in range(n):
             x[i] = 1.0 if (m == -INFINITY or x[i] == INFINITY) else 0.0

@@ -303,6 +303,26 @@ static inline void cyf_gelu_new_n(float *x, ptrdiff_t n)
     }
 }
 
+/* max(init, x[0..n)), NaNs never chosen (as with a scalar `if (x > m)`
+ * loop); two vector chains instead of one serial compare. */
+static inline float cyf_max_n(const float *x, ptrdiff_t n, float init)
+{
+    cyf_v8f a = {init, init, init, init, init, init, init, init}, b = a;
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        cyf_v8f u = cyf_load8(x + i), v = cyf_load8(x + i + 8);
+        a = cyf_select(u > a, u, a);
+        b = cyf_select(v > b, v, b);
+    }
+    a = cyf_select(b > a, b, a);
+    float m = init;
+    for (int j = 0; j < 8; j++)
+        if (a[j] > m) m = a[j];
+    for (; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
 /* x[i] = e^(x[i] - shift) in place; returns the sum of the results, added
  * in double over 8 interleaved lanes (i mod 8) and then a fixed tree:
  * deterministic, exact enough for softmax, and not one serial chain. */

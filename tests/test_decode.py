@@ -8,6 +8,7 @@ import torch
 
 import cyformer
 from cyformer.kernels import decode
+from cyformer.kv_cache import PAD
 
 TOL = 1e-4  # logits against HF, as in test_model_hf.py
 
@@ -84,7 +85,7 @@ def step_and_cache(checkpoint):
     (dict(token=1.5), "token"),
     (dict(token="a"), "token"),
     (dict(past=-1), "past=-1 is outside the cache"),
-    (dict(past=8), "past=8 is outside the cache"),
+    (dict(past=8 + PAD), f"past={8 + PAD} is outside the cache"),  # 8 positions + padding
     (dict(threads=0), "threads"),
 ])
 def test_step_refuses_bad_arguments(step_and_cache, change, match):
