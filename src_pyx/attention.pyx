@@ -33,7 +33,8 @@ cdef extern from "simd.h" nogil:
     void cyf_gemv_strip(const float* x, const float* W, Py_ssize_t ldw, Py_ssize_t K,
                         Py_ssize_t n, float* out)
     void cyf_gemm_tile(const float* x, Py_ssize_t ldx, int nrows,
-                       const float* wp, Py_ssize_t ldw, Py_ssize_t K, float* tile)
+                       const float* wp, Py_ssize_t ldw, Py_ssize_t K, float* tile,
+                       Py_ssize_t ldt)
 
 cdef enum:
     KEY_BLOCK = 64  # key positions scored per register-resident strip
@@ -135,7 +136,7 @@ cdef void _attend_tiles(float* z, const float* qkv, const float* k_cache, const 
     # not depend on the tiling or the thread count.
     cdef Py_ssize_t C = H * D, S = past + T
     cdef Py_ssize_t ntiles = (T + CYF_MR - 1) // CYF_MR
-    cdef Py_ssize_t i, h, tq, t0, t, r, L, Lmax, j, jb, d, db, dw
+    cdef Py_ssize_t i, h, tq, t0, t, r, L, Lmax, j, jb, d, db, dw, nstr
     cdef int rows
     cdef float* sbuf
     cdef float* s
@@ -159,14 +160,17 @@ cdef void _attend_tiles(float* z, const float* qkv, const float* k_cache, const 
             q = qkv + t0 * 3 * C + h * D
             kT = k_cache + h * D * cap
             vh = v_cache + h * cap * D
-            # scores of every query in the tile against keys 0 .. Lmax-1
-            for jb in range(Lmax // CYF_NR):
+            # scores of every query in the tile against keys 0 .. Lmax-1,
+            # straight into the score rows.  A last partial strip also goes
+            # through the tile when the cache row has 16 more columns to read
+            # (KVCache pads them); its scores past Lmax are never used.
+            nstr = Lmax // CYF_NR
+            if Lmax % CYF_NR and (nstr + 1) * CYF_NR <= cap:
+                nstr = nstr + 1
+            for jb in range(nstr):
                 j = jb * CYF_NR
-                cyf_gemm_tile(q, 3 * C, rows, kT + j, cap, D, tile)
-                for r in range(rows):
-                    for d in range(CYF_NR):
-                        sbuf[r * lds + j + d] = tile[r * CYF_NR + d]
-            j = (Lmax // CYF_NR) * CYF_NR
+                cyf_gemm_tile(q, 3 * C, rows, kT + j, cap, D, sbuf + j, lds)
+            j = nstr * CYF_NR
             if j < Lmax:  # the last, partial strip of keys
                 for r in range(rows):
                     cyf_gemv_strip(q + r * 3 * C, kT + j, cap, D, Lmax - j, sbuf + r * lds + j)
@@ -182,7 +186,7 @@ cdef void _attend_tiles(float* z, const float* qkv, const float* k_cache, const 
                 d = db * CYF_NR
                 dw = D - d if D - d < CYF_NR else CYF_NR
                 if dw == CYF_NR:
-                    cyf_gemm_tile(sbuf, lds, rows, vh + d, D, Lmax, tile)
+                    cyf_gemm_tile(sbuf, lds, rows, vh + d, D, Lmax, tile, CYF_NR)
                     for r in range(rows):
                         for j in range(CYF_NR):
                             z[(t0 + r) * C + h * D + d + j] = tile[r * CYF_NR + j]

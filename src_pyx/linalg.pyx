@@ -31,7 +31,8 @@ cdef extern from "simd.h" nogil:
         CYF_MR
         CYF_NR
     void cyf_gemm_tile(const float* x, Py_ssize_t ldx, int nrows,
-                       const float* wp, Py_ssize_t ldw, Py_ssize_t K, float* tile)
+                       const float* wp, Py_ssize_t ldw, Py_ssize_t K, float* tile,
+                       Py_ssize_t ldt)
     float cyf_dot(const float* a, const float* b, Py_ssize_t n)
     float cyf_stream_sum(const float* x, Py_ssize_t n)
     void cyf_gelu_new_n(float* x, Py_ssize_t n)
@@ -143,7 +144,7 @@ cdef void _gemm(float* out, const float* x, const float* W, const float* b,
                 for si in range(nstr):
                     ns0 = n0 + si * CYF_NR
                     nw = N - ns0 if N - ns0 < CYF_NR else CYF_NR
-                    cyf_gemm_tile(x + t0 * K, K, rows, pack + si * K * CYF_NR, CYF_NR, K, tile)
+                    cyf_gemm_tile(x + t0 * K, K, rows, pack + si * K * CYF_NR, CYF_NR, K, tile, CYF_NR)
                     for r in range(rows):
                         _finish(out + (t0 + r) * N + ns0, tile + r * CYF_NR,
                                 b + ns0 if b != NULL else NULL, nw, act, accumulate)

@@ -27,12 +27,14 @@ static inline void cyf_store8(float *p, cyf_v8f v) { memcpy(p, &v, sizeof v); }
 #define CYF_MR 6   /* rows of x per tile: 6 x 2 accumulators + 2 loads + 1 broadcast = 15 ymm */
 #define CYF_NR 16  /* columns per packed strip */
 
-/* tile[r][j] = sum_k x[r][k] * wp[k * ldw + j] for a CYF_MR x CYF_NR tile.
- * x: rows of length >= K with stride ldx; rows >= nrows repeat the last valid
- * row (their results are discarded by the caller).  wp: K rows of CYF_NR
- * contiguous floats, ldw apart (CYF_NR for a packed strip). */
+/* tile[r * ldt + j] = sum_k x[r][k] * wp[k * ldw + j] for a CYF_MR x CYF_NR
+ * tile.  x: rows of length >= K with stride ldx; rows >= nrows repeat the
+ * last valid row (all CYF_MR rows are stored; the caller discards the extra
+ * ones).  wp: K rows of CYF_NR contiguous floats, ldw apart (CYF_NR for a
+ * packed strip). */
 static inline void cyf_gemm_tile(const float *x, ptrdiff_t ldx, int nrows,
-                                 const float *wp, ptrdiff_t ldw, ptrdiff_t K, float *tile)
+                                 const float *wp, ptrdiff_t ldw, ptrdiff_t K,
+                                 float *tile, ptrdiff_t ldt)
 {
     const float *x0 = x;
     const float *x1 = x + (nrows > 1 ? 1 : 0) * ldx;
@@ -53,12 +55,12 @@ static inline void cyf_gemm_tile(const float *x, ptrdiff_t ldx, int nrows,
         s = x4[k]; a40 += s * w0; a41 += s * w1;
         s = x5[k]; a50 += s * w0; a51 += s * w1;
     }
-    cyf_store8(tile + 0 * CYF_NR, a00); cyf_store8(tile + 0 * CYF_NR + 8, a01);
-    cyf_store8(tile + 1 * CYF_NR, a10); cyf_store8(tile + 1 * CYF_NR + 8, a11);
-    cyf_store8(tile + 2 * CYF_NR, a20); cyf_store8(tile + 2 * CYF_NR + 8, a21);
-    cyf_store8(tile + 3 * CYF_NR, a30); cyf_store8(tile + 3 * CYF_NR + 8, a31);
-    cyf_store8(tile + 4 * CYF_NR, a40); cyf_store8(tile + 4 * CYF_NR + 8, a41);
-    cyf_store8(tile + 5 * CYF_NR, a50); cyf_store8(tile + 5 * CYF_NR + 8, a51);
+    cyf_store8(tile + 0 * ldt, a00); cyf_store8(tile + 0 * ldt + 8, a01);
+    cyf_store8(tile + 1 * ldt, a10); cyf_store8(tile + 1 * ldt + 8, a11);
+    cyf_store8(tile + 2 * ldt, a20); cyf_store8(tile + 2 * ldt + 8, a21);
+    cyf_store8(tile + 3 * ldt, a30); cyf_store8(tile + 3 * ldt + 8, a31);
+    cyf_store8(tile + 4 * ldt, a40); cyf_store8(tile + 4 * ldt + 8, a41);
+    cyf_store8(tile + 5 * ldt, a50); cyf_store8(tile + 5 * ldt + 8, a51);
 }
 
 /* out[j] = sum_k x[k] * W[k * ldw + j] for j < n <= 64: a 64-column strip of
