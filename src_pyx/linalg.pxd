@@ -20,9 +20,10 @@ cdef enum:
     # Fewer rows than this take the matrix-vector path: with so few rows,
     # packing W would cost as much as the product itself.
     MATVEC_ROWS = 4
-    # Most columns per matrix-vector pass: their accumulators (8 KB) stay in
-    # L1 while the rows of W stream past.
-    GEMV_COLS = 2048
+    # Most columns per matrix-vector pass: their accumulators (16 KB) stay in
+    # L1 while the rows of W stream past.  GPT-2's widest W [K, N] (3072
+    # columns) then takes one pass, so a row block is read as one run.
+    GEMV_COLS = 4096
     # Rows of W [K, N] per partial sum of the matrix-vector path: the unit of
     # work a thread streams (64 rows of 768-3072 floats: 192-768 KB).
     GEMV_ROWS = 64
