@@ -27,6 +27,10 @@ cdef enum:
     # Rows of W [K, N] per partial sum of the matrix-vector path: the unit of
     # work a thread streams (64 rows of 768-3072 floats: 192-768 KB).
     GEMV_ROWS = 64
+    # The last GEMV_TAIL_BLOCKS row blocks are handed out as GEMV_TAIL_PIECES
+    # column ranges each (the same sums, in smaller work items).
+    GEMV_TAIL_BLOCKS = 2
+    GEMV_TAIL_PIECES = 4
     # Outputs per work item when W is [N, K] (contiguous rows): 1.5 MB of a
     # d_model-768 unembedding.
     GEMV_T_ROWS = 512

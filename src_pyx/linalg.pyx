@@ -176,11 +176,13 @@ cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
     # machine a fixed split leaves the faster thread waiting); each block is
     # summed into its own partial vector, and after a barrier each thread
     # adds up the partials of its output range in block order.  The blocks
-    # do not depend on the team, so neither do the results.
+    # do not depend on the team, so neither do the results.  The last few
+    # blocks are handed out in column pieces, so that the thread that
+    # finishes first waits for a fraction of a block rather than a whole one.
     cdef Py_ssize_t per = gemv_per_thread(N, team)
     cdef Py_ssize_t n0 = tid * per
     cdef Py_ssize_t n1 = N if N < n0 + per else n0 + per
-    cdef Py_ssize_t nb, blk, k0, kb, c0, cw, j
+    cdef Py_ssize_t nb, blk, k0, kb, c0, c1, cw, j, ntail, nitems, item, pw
     cdef float* p0
     cdef const float* pb
     if w_t:  # W [N, K]: a range of outputs already is a contiguous run
@@ -193,16 +195,26 @@ cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
             blk = cyf_next_item(counter)
         return
     nb = (K + GEMV_ROWS - 1) // GEMV_ROWS
-    blk = cyf_next_item(counter)
-    while blk < nb:
+    ntail = GEMV_TAIL_BLOCKS if nb > GEMV_TAIL_BLOCKS else nb
+    # the last ntail blocks are cut into GEMV_TAIL_PIECES column ranges
+    nitems = nb - ntail + ntail * GEMV_TAIL_PIECES
+    pw = (N + GEMV_TAIL_PIECES - 1) // GEMV_TAIL_PIECES
+    pw = (pw + 15) // 16 * 16
+    item = cyf_next_item(counter)
+    while item < nitems:
+        if item < nb - ntail:
+            blk, c0, c1 = item, 0, N
+        else:
+            blk = nb - ntail + (item - (nb - ntail)) // GEMV_TAIL_PIECES
+            c0 = (item - (nb - ntail)) % GEMV_TAIL_PIECES * pw
+            c1 = N if N < c0 + pw else c0 + pw
         k0 = blk * GEMV_ROWS
         kb = K - k0 if K - k0 < GEMV_ROWS else GEMV_ROWS
-        c0 = 0
-        while c0 < N:  # the partial row stays in L1 while W streams past
-            cw = N - c0 if N - c0 < GEMV_COLS else GEMV_COLS
+        while c0 < c1:  # the partial row stays in L1 while W streams past
+            cw = c1 - c0 if c1 - c0 < GEMV_COLS else GEMV_COLS
             cyf_gemv_rows(x + k0, W + k0 * N + c0, N, kb, cw, partials + blk * N + c0)
             c0 += cw
-        blk = cyf_next_item(counter)
+        item = cyf_next_item(counter)
     cyf_barrier()
     if tid == 0:  # every thread has drawn its last item: ready for the next product
         counter[0] = 0
