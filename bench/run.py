@@ -8,7 +8,8 @@ Contenders are interleaved and repeated; tables give the median and the
 min-max over repeats.  Also measured in every repeat, between the
 contenders: the machine's float32 GEMM rate (NumPy's BLAS) and its streaming
 read bandwidth, so the achieved GFLOP/s of prefill and GB/s of weight reads
-in decode can be put beside the best the machine showed in the same run.
+in decode can be put beside the best the machine showed in the same run;
+decode is also paired with read probes taken right before and after it.
 Writes bench/results/<date>-<cpu>.md and a PNG chart, and prints the table.
 """
 
@@ -63,6 +64,9 @@ def sgemm_gflops(threads, n=2048, reps=5):
     return 2 * n ** 3 / best / 1e9
 
 
+_READ_BUFFERS = {}
+
+
 def read_bandwidth(threads, mb=512, reps=5):
     """GB/s of a streaming read of a large float32 array by `threads` threads,
     each taking one contiguous part: the best of two probes, so that the
@@ -72,10 +76,13 @@ def read_bandwidth(threads, mb=512, reps=5):
       - cyformer's linalg.stream_sum: four independent vector chains at this
         kernel level's widest loads (about 10 % faster than np.max here).
     The array is large enough to leave the caches, and NumPy backs it with
-    huge pages as cyformer does its weights."""
+    huge pages as cyformer does its weights.  It is kept between calls, so
+    that a probe costs only its reads."""
     from cyformer.kernels import linalg
 
-    x = np.ones(mb * 2 ** 20 // 4, dtype=np.float32)
+    if mb not in _READ_BUFFERS:
+        _READ_BUFFERS[mb] = np.ones(mb * 2 ** 20 // 4, dtype=np.float32)
+    x = _READ_BUFFERS[mb]
     parts = np.array_split(x, threads)
 
     def numpy_max():
@@ -315,8 +322,17 @@ def main(argv=None):
              for T in prefill_T}
 
     def gen_task(c):
+        # The machine is shared, so its bandwidth drifts within a run: the
+        # read probe is also taken right before and right after each decode,
+        # and decode GB/s is set against the mean of that pair as well as
+        # against the best probe of the whole run.
+        mb = 128 if quick else 512
+        before = read_bandwidth(c.threads, mb=mb, reps=1)
+        settle()
         ttft, tps = c.generate(prompt, n_new)
-        return {"ttft s": ttft, "decode tok/s": tps}
+        settle()
+        after = read_bandwidth(c.threads, mb=mb, reps=1)
+        return {"ttft s": ttft, "decode tok/s": tps, "read GB/s beside decode": (before + after) / 2}
 
     tasks["generate"] = gen_task
     n_nocache = 8 if quick else 32
@@ -402,7 +418,9 @@ def render(info, limit_runs, small, tinyres, rss, cache_cost, threads_list, pref
              f"- run time {elapsed:.0f} s", "",
              "## Machine limits, measured in this run", "",
              "Probed once per repeat, between the contenders' rounds; the percentages below are taken "
-             "against the best value.", "",
+             "against the best value.  The last column of the ratio table instead sets each decode against "
+             "read probes taken right before and right after it (the mean of the two), one percentage per "
+             "repeat, given as median (min-max).", "",
              "| measure | best | median (min-max) |", "|---|---|---|"]
     lines += [f"| {k} | {max(v):.1f} | {fmt(v)} |" for k, v in limit_runs.items()]
     lines += ["", f"## GPT-2 small (12 layers, d_model 768, vocab 50257)", "",
@@ -417,8 +435,9 @@ def render(info, limit_runs, small, tinyres, rss, cache_cost, threads_list, pref
     # ratios and achieved rates
     lines += ["", "### Ratios and achieved rates", "",
               "| contender | " + " | ".join(f"prefill {T}: speed-up vs PyTorch same threads" for T in prefill_T)
-              + " | decode: speed-up vs PyTorch | prefill " + str(prefill_T[-1]) + " GFLOP/s (% of sgemm) | decode GB/s (% of read bw) |",
-              "|" + "---|" * (3 + len(prefill_T))]
+              + " | decode: speed-up vs PyTorch | prefill " + str(prefill_T[-1]) + " GFLOP/s (% of sgemm) "
+              "| decode GB/s (% of the best read) | decode GB/s / read probe beside it |",
+              "|" + "---|" * (5 + len(prefill_T))]
     for name, m in small.items():
         t = _threads_of(name, threads_list)
         torch_m = small.get(f"PyTorch {t}T")
@@ -435,8 +454,11 @@ def render(info, limit_runs, small, tinyres, rss, cache_cost, threads_list, pref
         if m.get("decode tok/s"):
             gb = decode_bytes(cfg) * stat(m["decode tok/s"])[0] / 1e9
             row.append(f"{gb:.1f} ({100 * gb / limits[f'read GB/s {t}T']:.0f}%)")
+            beside = m.get("read GB/s beside decode", [])
+            paired = [100 * decode_bytes(cfg) * d / 1e9 / r for d, r in zip(m["decode tok/s"], beside)]
+            row.append(fmt(paired, "%", 0) if paired else "-")
         else:
-            row.append("-")
+            row += ["-", "-"]
         lines.append("| " + " | ".join(row) + " |")
     cy = [n for n in small if n.startswith("cyformer cython")]
     if len(cy) >= 2:
