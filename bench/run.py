@@ -272,8 +272,12 @@ c.generate(list(range(16)), {n_new})
 # VmHWM: ru_maxrss would carry over this benchmark's own peak across fork+exec
 print(next(int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    # cwd: `python -c` puts it first on sys.path, and a source checkout's
+    # cyformer/ (without compiled kernels) must not shadow the installed one
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=HERE)
     if out.returncode != 0:
+        err = out.stderr.strip().splitlines()
+        print(f"peak RSS probe of {contender} failed: {err[-1] if err else out.returncode}", file=sys.stderr)
         return None
     return float(out.stdout.strip().splitlines()[-1])
 
