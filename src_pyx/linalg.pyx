@@ -47,6 +47,9 @@ cdef extern from "team.h" nogil:
 cdef enum:
     # Columns per packed GEMM panel (8 strips): the unit of work per thread.
     GEMM_NC = 128
+    # The last GEMM_TAIL_COLS (or more) columns go out in panels this wide.
+    GEMM_TAIL_NC = 32
+    GEMM_TAIL_COLS = 256
 
 ACTIVATIONS = {"none": ACT_NONE, "gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
 
@@ -119,13 +122,27 @@ cdef void _pack_panel(float* pack, const float* W, Py_ssize_t K, Py_ssize_t N,
                 memcpy(pack + (nfull * K + k) * CYF_NR, row + nfull * CYF_NR, tail * sizeof(float))
 
 
+cdef inline Py_ssize_t _gemm_tail_start(Py_ssize_t N) noexcept nogil:
+    # first column of the narrow tail panels: the last GEMM_TAIL_COLS or more
+    # columns, starting on a GEMM_NC boundary (everything when N is small)
+    if N <= GEMM_TAIL_COLS:
+        return 0
+    return (N - GEMM_TAIL_COLS) // GEMM_NC * GEMM_NC
+
+
 cdef void _gemm(float* out, const float* x, const float* W, const float* b,
                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
     # Panels of GEMM_NC columns are split over threads.  Each panel is packed
     # once, then every 6-row tile of x (in L1) runs across the panel's strips
     # (in L2), each output tile finished in registers by the 6x16 kernel.
-    cdef Py_ssize_t npanels = (N + GEMM_NC - 1) // GEMM_NC
+    # A wide panel of a 512-row prefill is ~1 ms of work, so the last columns
+    # go out in GEMM_TAIL_NC-wide panels: the thread that finishes first then
+    # waits for a narrow panel, not a wide one.  Every output is the same
+    # sum whatever panel it falls in.
+    cdef Py_ssize_t tail0 = _gemm_tail_start(N)
+    cdef Py_ssize_t nwide = tail0 // GEMM_NC
+    cdef Py_ssize_t nitems = nwide + (N - tail0 + GEMM_TAIL_NC - 1) // GEMM_TAIL_NC
     cdef Py_ssize_t p, n0, pw, nstr, si, ns0, nw, tt, t0, r
     cdef int rows
     cdef float* pack
@@ -133,9 +150,13 @@ cdef void _gemm(float* out, const float* x, const float* W, const float* b,
     with parallel(num_threads=nthreads):
         pack = scratch + threadid() * _gemm_scratch(K)
         tile = pack + K * GEMM_NC
-        for p in prange(npanels, schedule="dynamic", chunksize=1):
-            n0 = p * GEMM_NC
-            pw = N - n0 if N - n0 < GEMM_NC else GEMM_NC
+        for p in prange(nitems, schedule="dynamic", chunksize=1):
+            if p < nwide:
+                n0 = p * GEMM_NC
+                pw = GEMM_NC
+            else:
+                n0 = tail0 + (p - nwide) * GEMM_TAIL_NC
+                pw = N - n0 if N - n0 < GEMM_TAIL_NC else GEMM_TAIL_NC
             nstr = (pw + CYF_NR - 1) // CYF_NR
             _pack_panel(pack, W, K, N, n0, pw, w_t)
             for tt in range((T + CYF_MR - 1) // CYF_MR):
