@@ -16,7 +16,10 @@ class KVCache:
     A cache belongs to one sequence: two generations never share one.
     """
 
-    def __init__(self, cfg: Config, capacity=None):
+    def __init__(self, cfg: Config, capacity=None, alloc=None):
+        """alloc(name, shape): where the arrays come from (default: new
+        zeroed arrays).  Attention uses no position before writing it, so
+        reused memory needs no clearing."""
         cap = cfg.n_positions if capacity is None else int(capacity)
         if not 1 <= cap <= cfg.n_positions:
             raise ValueError(f"KVCache: capacity must be in [1, {cfg.n_positions}], got {capacity}")
@@ -26,9 +29,9 @@ class KVCache:
         # 1024 positions) the D rows a score strip reads fall into the same
         # few L1 sets and evict each other.  One cache line of padding per row
         # spreads them; the kernels see a cache of cap + PAD positions.
-        alloc = cap + PAD
-        self.k = np.zeros((L, H, D, alloc), dtype=np.float32)
-        self.v = np.zeros((L, H, alloc, D), dtype=np.float32)
+        make = alloc or (lambda name, shape: np.zeros(shape, dtype=np.float32))
+        self.k = make("k_cache", (L, H, D, cap + PAD))
+        self.v = make("v_cache", (L, H, cap + PAD, D))
         self.length = 0
 
     def layer(self, i):

@@ -49,7 +49,7 @@ class Model:
         see earlier ones (causal).
         """
         batch, batched = check_ids(ids, self.config)
-        runs = [self.backend.run(seq, self.backend.new_cache(len(seq))) for seq in batch]
+        runs = [self.backend.run(seq, self.backend.new_cache(len(seq), reuse=True)) for seq in batch]
         # one sequence: hand back the backend's array as is (a [512, 50257]
         # copy costs as much as a layer norm pass)
         return np.stack(runs) if batched else runs[0]

@@ -52,6 +52,18 @@ fi
 "$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" "$ROOT/tests/test_decode.py"
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$ROOT/$WHEEL"
 
+# The full suite below runs the best kernel level this CPU has; the kernel,
+# decode-step and backend tests also run at every other level it can run
+# (the levels differ in tile sizes, so each has its own edge cases).
+LEVELS=$("$VENV/bin/python" -c "import cyformer; i = cyformer.build_info()
+print(' '.join(lv for lv in i['isa_levels_built'] if lv != i['isa'] and lv[1:].isdigit()
+               and int(lv[1:]) <= i['cpu_x86_level']))")
+for LV in $LEVELS; do
+    echo "kernel level $LV:"
+    CYFORMER_ISA=$LV "$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" \
+        "$ROOT/tests/test_kernels.py" "$ROOT/tests/test_decode.py" "$ROOT/tests/test_backends.py"
+done
+
 # The benchmark, as a smoke test only (timings on a shared machine are not checked).
 "$VENV/bin/python" "$ROOT/bench/run.py" --quick --out "$BENCH_OUT"
 

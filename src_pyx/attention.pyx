@@ -25,6 +25,7 @@ cimport numpy as cnp
 
 from ._util cimport cptr, f32, wptr
 from .activations cimport softmax_row
+from .linalg cimport scratch_floats
 
 cdef extern from "simd.h" nogil:
     enum:
@@ -130,8 +131,8 @@ cdef void _attend_tiles(float* z, const float* qkv, const float* k_cache, const 
                         float* scratch, int nthreads) noexcept nogil:
     # CYF_MR queries of one head at a time (prefill): the scores of the tile
     # are a small matrix product Q_tile @ K^T and the outputs P_tile @ V, both
-    # through the 6x16 register tile, so every key and value loaded serves six
-    # queries.  Each score is still one d-ordered dot product and each output
+    # through the CYF_MR x CYF_NR register tile, so every key and value loaded
+    # serves CYF_MR queries.  Each score is still one d-ordered dot product and each output
     # one j-ordered sum (masked weights are exact zeros), so the results do
     # not depend on the tiling or the thread count.
     cdef Py_ssize_t C = H * D, S = past + T
@@ -162,7 +163,7 @@ cdef void _attend_tiles(float* z, const float* qkv, const float* k_cache, const 
             vh = v_cache + h * cap * D
             # scores of every query in the tile against keys 0 .. Lmax-1,
             # straight into the score rows.  A last partial strip also goes
-            # through the tile when the cache row has 16 more columns to read
+            # through the tile when the cache row has CYF_NR more columns to read
             # (KVCache pads them); its scores past Lmax are never used.
             nstr = Lmax // CYF_NR
             if Lmax % CYF_NR and (nstr + 1) * CYF_NR <= cap:
@@ -181,7 +182,7 @@ cdef void _attend_tiles(float* z, const float* qkv, const float* k_cache, const 
                 _weights(s, L, S, inv_sqrt_d, scores, pattern, (h * T + t) * S)
                 for j in range(L, Lmax):
                     s[j] = 0.0  # masked: exact zeros, so the sum below may run to Lmax
-            # z rows = P_tile @ V, 16 of the d_head columns at a time
+            # z rows = P_tile @ V, CYF_NR of the d_head columns at a time
             for db in range((D + CYF_NR - 1) // CYF_NR):
                 d = db * CYF_NR
                 dw = D - d if D - d < CYF_NR else CYF_NR
@@ -209,7 +210,7 @@ cdef void attention(float* z, const float* qkv, float* k_cache, float* v_cache,
 
 
 def attention_forward(qkv, k_cache, v_cache, past, out=None, scores=None, pattern=None,
-                      threads=None):
+                      threads=None, workspace=None):
     """Causal self-attention of T new positions over a key/value cache.
 
     qkv     [T, 3C]  float32, q | k | v with heads contiguous (c_attn output)
@@ -218,6 +219,7 @@ def attention_forward(qkv, k_cache, v_cache, past, out=None, scores=None, patter
     out     [T, C] per-head outputs z (allocated when None)
     scores, pattern  optional [H, T, past+T] outputs (pre-softmax with -inf
             on masked entries; softmax weights with 0 there)
+    workspace  a linalg.Workspace for the scratch memory (per call when None)
     Returns out.
     """
     fn = "attention"
@@ -253,14 +255,14 @@ def attention_forward(qkv, k_cache, v_cache, past, out=None, scores=None, patter
     if scores is not None:
         _checks.no_overlap(fn, "scores", scores, pattern=pattern)
     cdef int nt = _checks.threads(fn, threads)
-    scratch = np.empty(nt * attention_scratch_size(cap, D), dtype=np.float32)
+    cdef list keep = []
+    cdef float* pscr = scratch_floats(fn, workspace, nt * attention_scratch_size(cap, D), keep)
     cdef float* pz = wptr(out)
     cdef const float* pq = cptr(qkv)
     cdef float* pk = wptr(k_cache)
     cdef float* pv = wptr(v_cache)
     cdef float* psc = wptr(scores)
     cdef float* ppa = wptr(pattern)
-    cdef float* pscr = wptr(scratch)
     cdef Py_ssize_t p = past
     with nogil:
         attention(pz, pq, pk, pv, p, T, H, D, cap, psc, ppa, pscr, nt)

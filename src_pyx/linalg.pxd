@@ -37,6 +37,15 @@ cdef enum:
 
 cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
+# Memory the def wrappers reuse from call to call (see linalg.pyx).
+cdef class Workspace:
+    cdef dict arrays
+    cdef float* scratch(self, Py_ssize_t n) except NULL
+
+# The scratch pointer of n floats a wrapper works in: from `workspace` (a
+# Workspace, or None for memory of this call's own, kept alive in `keep`).
+cdef float* scratch_floats(str fn, object workspace, Py_ssize_t n, list keep) except NULL
+
 # out = act(x @ W + b) or out += x @ W + b (accumulate), act an activations.Act
 # (an activation and accumulate are never combined).  T < MATVEC_ROWS runs the bandwidth-bound
 # matrix-vector path, otherwise the packed, register-blocked GEMM path.

@@ -4,8 +4,9 @@ Dimension letters: T rows (positions), K the summed (input) dimension,
 N outputs, C = d_model.
 
 Why the two paths: prefill multiplies many rows by the same weights and is
-bound by arithmetic, so W is packed into contiguous 16-column strips and a
-6x16 register tile (simd.h) reuses every loaded weight 6 times.  Decode has one
+bound by arithmetic, so W is packed into contiguous strips of CYF_NR columns
+and a CYF_MR x CYF_NR register tile (simd.h: 12 x 32 with AVX-512, 6 x 16
+otherwise) reuses every loaded weight CYF_MR times.  Decode has one
 row: every weight byte is used once, so the matrix-vector path is bound by
 memory bandwidth and is shaped so that each thread streams one contiguous
 run of W (see gemv_team).
@@ -45,11 +46,14 @@ cdef extern from "team.h" nogil:
     Py_ssize_t cyf_next_item(Py_ssize_t* counter)
 
 cdef enum:
-    # Columns per packed GEMM panel (8 strips): the unit of work per thread.
+    # Columns per packed GEMM panel (8 strips of 16, or 4 of 32): the unit of
+    # work per thread.
     GEMM_NC = 128
     # The last GEMM_TAIL_COLS (or more) columns go out in panels this wide.
     GEMM_TAIL_NC = 32
     GEMM_TAIL_COLS = 256
+    # Values of k per block of the transposed pack (one cache line of a row of W).
+    PACK_KB = 16
 
 ACTIVATIONS = {"none": ACT_NONE, "gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
 
@@ -96,24 +100,29 @@ cdef inline void _finish(float* dst, float* acc, const float* bias, Py_ssize_t n
 
 cdef void _pack_panel(float* pack, const float* W, Py_ssize_t K, Py_ssize_t N,
                       Py_ssize_t n0, Py_ssize_t pw, bint w_t) noexcept nogil:
-    # Columns n0 .. n0+pw of W into 16-column strips: pack[s][k][j] =
-    # W(k, n0 + 16 s + j), the last strip zero-padded.  W is read in its own
+    # Columns n0 .. n0+pw of W into CYF_NR-column strips: pack[s][k][j] =
+    # W(k, n0 + CYF_NR s + j), the last strip zero-padded.  W is read in its own
     # memory order (whole row runs), which is what keeps this cheap when W
     # comes from DRAM.
     cdef Py_ssize_t nfull = pw // CYF_NR, tail = pw % CYF_NR
-    cdef Py_ssize_t k, j, si
+    cdef Py_ssize_t k, j, si, kb, k0, kn
     cdef const float* row
     cdef float* dst
     if tail:
         memset(pack + nfull * K * CYF_NR, 0, K * CYF_NR * sizeof(float))
-    if w_t:  # W is [N, K]: 16 rows of W become one strip, transposed
+    if w_t:  # W is [N, K]: CYF_NR rows of W become one strip, transposed
+        # in blocks of PACK_KB values of k, so that the strided writes land
+        # in a few KB that stay in L1 (a whole strip's column does not)
         for si in range(nfull + (1 if tail else 0)):
-            dst = pack + si * K * CYF_NR
-            for j in range(CYF_NR if si < nfull else tail):
-                row = W + (n0 + si * CYF_NR + j) * K
-                for k in range(K):
-                    dst[k * CYF_NR + j] = row[k]
-    else:    # W is [K, N]: each row of W scatters 64-byte runs into the strips
+            for kb in range((K + PACK_KB - 1) // PACK_KB):
+                k0 = kb * PACK_KB
+                kn = K - k0 if K - k0 < PACK_KB else PACK_KB
+                dst = pack + (si * K + k0) * CYF_NR
+                for j in range(CYF_NR if si < nfull else tail):
+                    row = W + (n0 + si * CYF_NR + j) * K + k0
+                    for k in range(kn):
+                        dst[k * CYF_NR + j] = row[k]
+    else:    # W is [K, N]: each row of W scatters CYF_NR-float runs into the strips
         for k in range(K):
             row = W + k * N + n0
             for si in range(nfull):
@@ -135,7 +144,7 @@ cdef void _gemm(float* out, const float* x, const float* W, const float* b,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
     # Panels of GEMM_NC columns are split over threads.  Each panel is packed
     # once, then every 6-row tile of x (in L1) runs across the panel's strips
-    # (in L2), each output tile finished in registers by the 6x16 kernel.
+    # (in L2), each output tile finished in registers by the tile kernel.
     # A wide panel of a 512-row prefill is ~1 ms of work, so the last columns
     # go out in GEMM_TAIL_NC-wide panels: the thread that finishes first then
     # waits for a narrow panel, not a wide one.  Every output is the same
@@ -301,6 +310,62 @@ cdef void embed(float* out, const long long* ids, const float* wte, const float*
 # ---------------------------------------------------------------------------
 # Python-facing wrappers: validate everything, allocate, pick the threads.
 
+cdef class Workspace:
+    """float32 memory that kernel calls reuse instead of allocating.
+
+    A fresh NumPy array of a few MB is mapped anew on every call, and the
+    kernel then zeroes each of its pages on first touch: at GPT-2-small
+    geometry that was 12 % of a 512-token prefill.  A Workspace keeps its
+    buffers, growing them to the largest size asked for:
+
+        array(name, shape)  a float32 array of that shape, the same memory
+                            every time the name is asked for again (so the
+                            previous array of that name is overwritten);
+        kernel wrappers that take ``workspace=`` keep their scratch here.
+
+    It is not thread-safe: give each calling thread its own.
+    """
+
+    def __init__(self):
+        self.arrays = {}
+
+    def array(self, name, shape):
+        """A float32 C-contiguous array of ``shape`` from the buffer ``name``
+        (new buffers are zeroed, reused ones hold what was written last)."""
+        try:
+            shape = tuple(_checks.integer("Workspace.array", "shape", d) for d in shape)
+        except TypeError:
+            raise ValueError(f"Workspace.array: shape must be a sequence of integers, got {shape!r}") from None
+        n = 1
+        for d in shape:
+            if d < 0:
+                raise ValueError(f"Workspace.array: negative dimension in {shape}")
+            n *= d
+        buf = self.arrays.get(name)
+        if buf is None or buf.size < n:
+            buf = self.arrays[name] = np.zeros(n, dtype=np.float32)
+        return buf[:n].reshape(shape)
+
+    @property
+    def nbytes(self):
+        """Bytes held by all buffers."""
+        return sum(b.nbytes for b in self.arrays.values())
+
+    cdef float* scratch(self, Py_ssize_t n) except NULL:
+        return wptr(self.array("scratch", (max(n, 1),)))
+
+
+cdef float* scratch_floats(str fn, object workspace, Py_ssize_t n, list keep) except NULL:
+    if workspace is None:
+        buf = np.empty(max(n, 1), dtype=np.float32)
+        keep.append(buf)
+        return wptr(buf)
+    if not isinstance(workspace, Workspace):
+        raise ValueError(f"{fn}: workspace must be a Workspace (cyformer.kernels.linalg) or None, "
+                         f"got {type(workspace).__name__}")
+    return (<Workspace>workspace).scratch(n)
+
+
 def dot_product(a, b):
     """sum(a * b) for two 1-D float32 arrays of equal length."""
     f32("dot", "a", a, 1)
@@ -317,12 +382,13 @@ def dot_product(a, b):
 
 
 def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="none",
-                   accumulate=False, threads=None):
+                   accumulate=False, threads=None, workspace=None):
     """out = act(x @ W + b), or out += act(x @ W + b) with accumulate=True.
 
     x [T, K]; W [K, N] ([N, K] with w_transposed=True); b [N] or None;
     out [T, N] (allocated when None; required with accumulate).
     activation: "none", "gelu_new" (tanh approximation) or "gelu" (erf).
+    workspace: a Workspace for the scratch memory (allocated per call when None).
     """
     fn = "linear"
     f32(fn, "x", x, 2)
@@ -346,12 +412,12 @@ def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="no
         _checks.shape(fn, "out", out, (T, N))
         _checks.no_overlap(fn, "out", out, x=x, W=W, b=b)
     cdef int nt = _checks.threads(fn, threads)
-    scratch = np.empty(linear_scratch_size(T, K, N, w_transposed, nt), dtype=np.float32)
+    cdef list keep = []
+    cdef float* ps = scratch_floats(fn, workspace, linear_scratch_size(T, K, N, w_transposed, nt), keep)
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
     cdef const float* pw = cptr(W)
     cdef const float* pb = cptr(b)
-    cdef float* ps = wptr(scratch)
     cdef bint wt = bool(w_transposed), acc = bool(accumulate)
     cdef int act = ACTIVATIONS[activation]
     if T and N:

@@ -7,7 +7,7 @@ cimport numpy as cnp
 
 from ._util cimport cptr, f32, wptr
 from .activations cimport ACT_NONE, ACT_GELU_NEW, ACT_GELU_ERF
-from .linalg cimport linear, linear_scratch_size
+from .linalg cimport linear, linear_scratch_size, scratch_floats
 
 from cyformer import _checks
 
@@ -25,10 +25,12 @@ cdef void mlp(float* out, const float* x, const float* W_fc, const float* b_fc,
 
 
 def mlp_forward(x, W_fc, b_fc, W_proj, b_proj, out=None, *, activation="gelu_new",
-                accumulate=False, threads=None):
+                accumulate=False, threads=None, workspace=None):
     """out (=|+=) gelu(x @ W_fc + b_fc) @ W_proj + b_proj.
 
     x [T, C], W_fc [C, D], b_fc [D], W_proj [D, C], b_proj [C] -> out [T, C].
+    workspace: a linalg.Workspace for the hidden activations and scratch
+    (allocated per call when None).
     """
     fn = "mlp"
     f32(fn, "x", x, 2)
@@ -55,17 +57,16 @@ def mlp_forward(x, W_fc, b_fc, W_proj, b_proj, out=None, *, activation="gelu_new
     if T == 0 or C == 0 or D == 0:
         raise ValueError(f"mlp: empty dimension (T={T}, C={C}, D={D})")
     cdef int nt = _checks.threads(fn, threads)
-    hidden = np.empty((T, D), dtype=np.float32)
-    scratch = np.empty(max(linear_scratch_size(T, C, D, False, nt),
-                           linear_scratch_size(T, D, C, False, nt)), dtype=np.float32)
+    cdef list keep = []
+    cdef float* ph = scratch_floats(fn, workspace, T * D + max(linear_scratch_size(T, C, D, False, nt),
+                                                               linear_scratch_size(T, D, C, False, nt)), keep)
+    cdef float* ps = ph + T * D
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
     cdef const float* pwf = cptr(W_fc)
     cdef const float* pbf = cptr(b_fc)
     cdef const float* pwp = cptr(W_proj)
     cdef const float* pbp = cptr(b_proj)
-    cdef float* ph = wptr(hidden)
-    cdef float* ps = wptr(scratch)
     cdef int act = ACTIVATIONS[activation]
     cdef bint acc = bool(accumulate)
     with nogil:

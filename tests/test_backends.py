@@ -180,3 +180,20 @@ def test_unknown_backend_names_the_choices(checkpoint):
         cyformer.load(path, backend="bogus")
     for name in BACKENDS:
         assert name in str(e.value)
+
+
+def test_forward_hands_out_fresh_logits_and_forgets_earlier_runs(checkpoint, models, rng):
+    """The cython backend reuses its activation memory and a plain forward's
+    KV cache from call to call: a returned array must never be part of that
+    memory, and what a longer run left behind must not reach a shorter one."""
+    path, _ = checkpoint("odd")
+    m = models("odd")["cython"]
+    short, long = rng.integers(0, 101, size=5), rng.integers(0, 101, size=37)
+    fresh = cyformer.load(path, threads=2)
+    want_short = fresh.forward(short)
+    first = m.forward(long)
+    kept = first.copy()
+    got_short = m.forward(short)
+    assert np.array_equal(got_short, want_short)
+    assert np.array_equal(first, kept) and not np.shares_memory(first, got_short)
+    assert np.array_equal(m.forward(long), kept)

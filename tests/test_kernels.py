@@ -144,12 +144,14 @@ def attention_ref(qkv, k_past, v_past, H):
 
 
 @pytest.mark.parametrize("threads", THREADS)
-# T >= 6 takes the tiled path (6 queries per tile), T < 6 the one-query path;
-# d_head 24 and 8 leave partial 16-column strips, P + T not a multiple of 16
-# leaves a partial strip of keys.
+# T >= CYF_MR takes the tiled path (CYF_MR queries per tile: 6, or 12 with
+# AVX-512), shorter T the one-query path; d_head 24, 8 and 40 leave partial
+# strips of CYF_NR (16 or 32) columns, P + T not a multiple of CYF_NR leaves a
+# partial strip of keys.
 @pytest.mark.parametrize("H,D,T,P,cap", [(1, 1, 1, 0, 1), (3, 16, 7, 0, 7), (2, 8, 1, 5, 9),
                                          (4, 64, 13, 3, 20), (12, 64, 1, 30, 31),
-                                         (2, 24, 11, 5, 20), (1, 8, 6, 0, 6), (3, 40, 37, 20, 64)])
+                                         (2, 24, 11, 5, 20), (1, 8, 6, 0, 6), (3, 40, 37, 20, 64),
+                                         (2, 64, 30, 0, 30), (2, 24, 25, 9, 50)])
 def test_attention(rng, threads, H, D, T, P, cap):
     C = H * D
     qkv = f32(rng, T, 3 * C)
@@ -242,3 +244,47 @@ def test_stream_sum_probe_reads_every_element(rng, n, threads):
     assert linalg.stream_sum(x.reshape(-1, 1), threads=threads) == float(x.sum(dtype=np.float64))
     with pytest.raises(ValueError, match="stream_sum"):
         linalg.stream_sum(x[::2] if n > 2 else x.astype(np.float64))
+
+
+def test_workspace_arrays():
+    """A name gives the same memory again; a larger request a new zeroed buffer."""
+    ws = linalg.Workspace()
+    a = ws.array("a", (3, 4))
+    assert a.shape == (3, 4) and a.dtype == np.float32 and a.flags.c_contiguous and not a.any()
+    a[:] = 7
+    b = ws.array("a", (2, 5))  # fits: the same memory, holding what was written
+    assert np.shares_memory(a, b) and (b == 7).all()
+    c = ws.array("a", (10, 10))  # does not fit: a new buffer
+    assert not np.shares_memory(a, c) and not c.any()
+    d = ws.array("b", (3, 4))
+    assert not np.shares_memory(c, d)
+    assert ws.nbytes == 4 * (100 + 12)
+    assert ws.array("e", (0, 5)).shape == (0, 5)
+    with pytest.raises(ValueError, match="negative"):
+        ws.array("a", (-1, 2))
+    for bad in (5, (1.5,), ("2",), None):
+        with pytest.raises(ValueError, match="Workspace.array: shape"):
+            ws.array("a", bad)
+
+
+def test_kernels_in_a_reused_workspace_are_bitwise_the_same(rng):
+    """Scratch left over from earlier calls (of other sizes, smaller and
+    larger) changes nothing: every kernel writes scratch before reading it."""
+    ws = linalg.Workspace()
+    for T, K, N in ((37, 64, 300), (3, 200, 33), (50, 96, 130), (1, 8, 8), (20, 33, 70)):
+        x, W, b = f32(rng, T, K), f32(rng, K, N), f32(rng, N)
+        assert np.array_equal(linalg.linear_forward(x, W, b, workspace=ws, threads=2),
+                              linalg.linear_forward(x, W, b, threads=2))
+        Wt = np.ascontiguousarray(W.T)
+        assert np.array_equal(linalg.linear_forward(x, Wt, None, w_transposed=True, workspace=ws),
+                              linalg.linear_forward(x, Wt, None, w_transposed=True))
+        W2, b2 = f32(rng, N, K), f32(rng, K)
+        assert np.array_equal(mlp.mlp_forward(x, W, b, W2, b2, workspace=ws, threads=2),
+                              mlp.mlp_forward(x, W, b, W2, b2, threads=2))
+        H, D = 2, 8
+        qkv = f32(rng, T, 3 * H * D)
+        zs = []
+        for w in (ws, None):
+            k, v = np.zeros((H, D, T + 3), np.float32), np.zeros((H, T + 3, D), np.float32)
+            zs.append(attention.attention_forward(qkv, k, v, 0, workspace=w, threads=2))
+        assert np.array_equal(*zs)

@@ -549,7 +549,7 @@ def test_every_public_kernel_wrapper_is_covered():
     covered = {"linalg.linear_forward", "linalg.dot_product", "linalg.add_into", "linalg.embedding",
                "norm.layer_norm_forward", "activations.gelu_inplace", "activations.softmax_inplace",
                "attention.attention_forward", "mlp.mlp_forward", "linalg.stream_sum",
-               "decode.DecodeStep"}
+               "decode.DecodeStep", "linalg.Workspace"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
 
 
@@ -685,6 +685,8 @@ SCALAR_CASES = [
     ("embedding", "ids", None, "ids"),
     *[("decode_step", "token", v, "token") for v in (-1, V, 1.5, None, "3", np.int64(2**40))],
     *[("decode_step", "past", v, "past") for v in (-1, CAP, 1.5, None, "0")],
+    *[(w, "workspace", v, "workspace") for w in ("linear", "mlp", "attention")
+      for v in (np.zeros(64, np.float32), "ws", 1)],
     ("linear", "accumulate", True, "accumulate"),  # needs out: the case drops it
     ("mlp", "accumulate", True, "accumulate"),
 ]

@@ -4,8 +4,9 @@
 "numpy"   a vectorised NumPy reference in einsum style
 "naive"   pure-Python loops over a residual-stream State: teaching code, slow
 
-Each backend has ``name``, ``new_cache(capacity)`` returning a cache with a
-``length`` attribute, and ``run(ids, cache, last_only=False)`` returning
+Each backend has ``name``, ``new_cache(capacity, reuse=False)`` returning a
+cache with a ``length`` attribute (reuse=True: the caller drops it after one
+``run``, so a backend may hand out the same memory again), and ``run(ids, cache, last_only=False)`` returning
 float32 logits [T, V] (or [1, V]) for ids [T] placed after ``cache.length``
 earlier positions.
 """

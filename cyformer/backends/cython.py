@@ -16,7 +16,13 @@ activations (cyformer.interp.hooks) and takes replacements for them.  It
 computes extra products only for the points ``hooks.wants``, and it never
 writes to an array after handing it to a hook, so a cache can keep the
 arrays themselves.  Without hooks the fused path below runs unchanged.
+
+The unhooked path takes its activations and the kernels' scratch from a
+per-thread ``Workspace`` (``ws``): the same memory every call, instead of
+fresh pages that the OS must map and zero.  Only the logits are new arrays.
 """
+
+import threading
 
 import numpy as np
 
@@ -56,23 +62,26 @@ class Attention:
         self.c_attn, self.c_proj = w.c_attn, w.attn_c_proj
         self.n_head, self.d_head = cfg.n_head, cfg.d_head
 
-    def qkv(self, x, threads):
+    def qkv(self, x, threads, ws=None):
         """x [T, C] -> [T, 3C]: q | k | v, heads contiguous within each."""
-        return linalg.linear_forward(x, self.c_attn.weight, self.c_attn.bias, threads=threads)
+        out = ws.array("qkv", (len(x), 3 * self.n_head * self.d_head)) if ws is not None else None
+        return linalg.linear_forward(x, self.c_attn.weight, self.c_attn.bias, out=out,
+                                     threads=threads, workspace=ws)
 
-    def mix(self, qkv, k_cache, v_cache, past, threads, scores=None, pattern=None):
+    def mix(self, qkv, k_cache, v_cache, past, threads, scores=None, pattern=None, ws=None):
         """The only step where positions mix: [T, 3C] -> z [T, C] (heads concatenated)."""
-        return attention.attention_forward(qkv, k_cache, v_cache, past, scores=scores,
-                                           pattern=pattern, threads=threads)
+        out = ws.array("z", (len(qkv), self.n_head * self.d_head)) if ws is not None else None
+        return attention.attention_forward(qkv, k_cache, v_cache, past, out=out, scores=scores,
+                                           pattern=pattern, threads=threads, workspace=ws)
 
-    def out(self, z, threads, resid=None):
+    def out(self, z, threads, resid=None, ws=None):
         """z [T, C] -> the attention update; added straight into ``resid`` when given."""
         return linalg.linear_forward(z, self.c_proj.weight, self.c_proj.bias, out=resid,
-                                     accumulate=resid is not None, threads=threads)
+                                     accumulate=resid is not None, threads=threads, workspace=ws)
 
-    def __call__(self, x, k_cache, v_cache, past, threads, resid=None):
-        z = self.mix(self.qkv(x, threads), k_cache, v_cache, past, threads)
-        return self.out(z, threads, resid)
+    def __call__(self, x, k_cache, v_cache, past, threads, resid=None, ws=None):
+        z = self.mix(self.qkv(x, threads, ws), k_cache, v_cache, past, threads, ws=ws)
+        return self.out(z, threads, resid, ws)
 
     def head_writes(self, z, threads):
         """z [T, C] -> [H, T, C]: head h's write z_h @ W_O[h], one product per head.
@@ -139,11 +148,11 @@ class MLP:
     def __init__(self, w: BlockWeights, cfg: Config):
         self.c_fc, self.c_proj, self.act = w.c_fc, w.mlp_c_proj, cfg.gelu
 
-    def __call__(self, x, threads, resid=None):
+    def __call__(self, x, threads, resid=None, ws=None):
         """x [T, C] -> the MLP update; added straight into ``resid`` when given."""
         return mlp.mlp_forward(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight,
                                self.c_proj.bias, out=resid, activation=self.act,
-                               accumulate=resid is not None, threads=threads)
+                               accumulate=resid is not None, threads=threads, workspace=ws)
 
     def hooked(self, x, threads, hooks, prefix):
         """The MLP update [T, C], reporting ``mlp.hook_pre``, ``mlp.hook_post``
@@ -176,11 +185,15 @@ class Block:
         self.ln_2 = LayerNorm(w.ln_2, cfg.layer_norm_epsilon)
         self.mlp = MLP(w, cfg)
 
-    def __call__(self, resid, kv: KVCache, past, threads):
-        """Update ``resid`` [T, C] in place; this layer's keys/values go into ``kv``."""
+    def __call__(self, resid, kv: KVCache, past, threads, ws=None):
+        """Update ``resid`` [T, C] in place; this layer's keys/values go into
+        ``kv``.  ws: the Workspace for activations and scratch (a new one
+        when None)."""
         k_cache, v_cache = kv.layer(self.index)
-        self.attn(self.ln_1(resid, threads), k_cache, v_cache, past, threads, resid=resid)
-        self.mlp(self.ln_2(resid, threads), threads, resid=resid)
+        ws = ws if ws is not None else linalg.Workspace()
+        x = ws.array("x", resid.shape)
+        self.attn(self.ln_1(resid, threads, out=x), k_cache, v_cache, past, threads, resid=resid, ws=ws)
+        self.mlp(self.ln_2(resid, threads, out=x), threads, resid=resid, ws=ws)
         return resid
 
     def hooked(self, resid, kv: KVCache, past, threads, hooks):
@@ -232,6 +245,7 @@ class CythonBackend:
         self.threads = threads
         self.blocks = [Block(i, w, cfg) for i, w in enumerate(weights.blocks)]
         self.ln_f = LayerNorm(weights.ln_f, cfg.layer_norm_epsilon)
+        self._local = threading.local()  # .ws: each calling thread's Workspace
         # Generation's one-token steps: every layer in one kernel call.
         self.step = decode.DecodeStep(
             weights.wte, weights.wpe,
@@ -242,12 +256,26 @@ class CythonBackend:
             weights.ln_f.weight, weights.ln_f.bias, weights.lm_head,
             cfg.n_head, cfg.layer_norm_epsilon, cfg.gelu)
 
-    def new_cache(self, capacity):
+    def workspace(self):
+        """The calling thread's Workspace (made on its first call)."""
+        ws = getattr(self._local, "ws", None)
+        if ws is None:
+            ws = self._local.ws = linalg.Workspace()
+        return ws
+
+    def new_cache(self, capacity, reuse=False):
+        """A KV cache for ``capacity`` positions.  reuse=True: for a caller
+        that drops the cache when ``run`` returns (a plain forward); its
+        memory then comes from this thread's Workspace and is the same on
+        every such call."""
+        if reuse:
+            return KVCache(self.config, capacity, alloc=self.workspace().array)
         return KVCache(self.config, capacity)
 
-    def embed(self, ids, past, threads):
+    def embed(self, ids, past, threads, out=None):
         """ids [T] -> resid [T, C] = wte[ids] + wpe[past : past + T]."""
-        return linalg.embedding(ids, self.weights.wte, self.weights.wpe, pos0=past, threads=threads)
+        return linalg.embedding(ids, self.weights.wte, self.weights.wpe, pos0=past, out=out,
+                                threads=threads)
 
     def unembed(self, x, threads):
         """x [T, C] (after ln_f) -> logits [T, V] = x @ lm_head.T."""
@@ -266,13 +294,16 @@ class CythonBackend:
             logits = self.step(ids[0], kv.k, kv.v, past, threads)
             kv.length = past + 1
             return logits
-        resid = self.embed(ids, past, threads)
+        ws = self.workspace()
+        resid = self.embed(ids, past, threads, out=ws.array("resid", (len(ids), self.config.n_embd)))
         for block in self.blocks:
-            block(resid, kv, past, threads)
+            block(resid, kv, past, threads, ws)
         kv.length = past + len(ids)
         if last_only:
             resid = resid[-1:]
-        return self.unembed(self.ln_f(resid, threads), threads)
+        x = self.ln_f(resid, threads, out=ws.array("x", resid.shape))
+        return linalg.linear_forward(x, self.weights.lm_head, None, w_transposed=True,
+                                     threads=threads, workspace=ws)
 
     def _run_hooked(self, ids, kv: KVCache, last_only, hooks):
         threads = self.threads

@@ -265,7 +265,8 @@ class NaiveBackend:
         self.threads = threads  # unused: one Python thread does everything
         self._model = None      # the weights as lists, built on the first run
 
-    def new_cache(self, capacity):
+    def new_cache(self, capacity, reuse=False):
+        """reuse: part of the shared interface; a new cache every time here."""
         return NaiveCache(self.config, capacity)
 
     def _lists(self):

@@ -165,7 +165,8 @@ class NumpyBackend:
         self.threads = threads  # unused: NumPy's BLAS threads itself
         self.blocks = [Block(w, cfg) for w in weights.blocks]
 
-    def new_cache(self, capacity):
+    def new_cache(self, capacity, reuse=False):
+        """reuse: part of the shared interface; a new cache every time here."""
         return NumpyCache(self.config, capacity)
 
     def run(self, ids, kv: NumpyCache, last_only=False):
