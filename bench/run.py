@@ -480,8 +480,8 @@ def render(info, limit_runs, small, tinyres, rss, cache_cost, threads_list, pref
     if rss:
         lines += ["", "Peak RSS of a fresh process that loads GPT-2 small and generates "
                   f"{n_new} tokens: " + ", ".join(f"{k} {v:.0f} MB" if v else f"{k} failed" for k, v in rss.items())
-                  + f" (weights {decode_bytes(cfg) / 1e6 + 4 * 1024 * 768 / 1e6:.0f} MB, KV cache for 1024 positions "
-                  f"{2 * 4 * 12 * 1024 * 768 / 1e6:.0f} MB)."]
+                  + f" (weights {decode_bytes(cfg) / 1e6 + 4 * 1024 * 768 / 1e6:.0f} MB; cyformer's KV cache holds the "
+                  f"{16 + n_new} positions the generation can reach, {2 * 4 * 12 * (16 + n_new) * 768 / 1e6:.0f} MB)."]
     if cache_cost:
         lines += ["", "run_with_cache (every hook point) vs plain forward, GPT-2 small, T=128: "
                   f"{fmt(cache_cost['ratio'], 'x', 2)} (plain {fmt(cache_cost['plain s'], ' s', 3)}, "

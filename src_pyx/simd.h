@@ -356,9 +356,12 @@ static inline double cyf_exp_shift_n(float *x, ptrdiff_t n, float shift)
     cyf_v4d a = {0}, b = {0};
     ptrdiff_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        cyf_store8(x + i, cyf_exp8(cyf_load8(x + i) - shift));
-        a += cyf_widen4(x + i);
-        b += cyf_widen4(x + i + 4);
+        /* widened in registers: reading the stored floats back went
+         * through a store-forwarding stall every 8 elements */
+        const cyf_v8f e = cyf_exp8(cyf_load8(x + i) - shift);
+        cyf_store8(x + i, e);
+        a += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), cyf_v4d);
+        b += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), cyf_v4d);
     }
     if (i < n) {  /* the tail through a padded buffer: the same vector arithmetic */
         float buf[8];

@@ -190,3 +190,22 @@ def test_generations_do_not_share_state(checkpoint):
         a.append(x)
         b.append(y)
     assert a == a_alone and b == b_alone
+
+
+@pytest.mark.parametrize("n_prompt,n_new", [(5, 8), (3, 0), (30, 20)])
+def test_cache_holds_prompt_plus_new_tokens(checkpoint, rng, n_prompt, n_new):
+    """A generation's KV cache is sized for what it can reach, never more than
+    the context, and the tokens are those of a cache for the whole context."""
+    path, _ = checkpoint("odd")
+    m = cyformer.load(path, threads=2)
+    object.__setattr__(m.config, "eos_token_id", None)
+    prompt = rng.integers(0, 101, size=n_prompt).tolist()
+    made = []
+    new_cache = m.backend.new_cache
+    m.backend.new_cache = lambda capacity, reuse=False: made.append(capacity) or new_cache(capacity, reuse)
+    out = m.generate(prompt, max_new_tokens=n_new)
+    assert made == [min(m.config.n_positions, n_prompt + n_new)]
+    m.backend.new_cache = lambda capacity, reuse=False: new_cache(m.config.n_positions, reuse)
+    assert m.generate(prompt, max_new_tokens=n_new) == out
+    # the context fills up: its last position still gives one more token
+    assert len(out) == min(n_new, m.config.n_positions - n_prompt + 1)
