@@ -3,7 +3,7 @@
 from libc.math cimport erff, INFINITY
 
 cdef extern from "simd.h" nogil:
-    # GPT-2's tanh GELU, 8 lanes at a time, in place over n floats
+    # GPT-2's tanh GELU, one vector (8 or 16 lanes) at a time, in place over n floats
     void cyf_gelu_new_n(float* x, Py_ssize_t n)
     double cyf_exp_shift_n(float* x, Py_ssize_t n, float shift)
     float cyf_max_n(const float* x, Py_ssize_t n, float init)

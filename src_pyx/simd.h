@@ -2,10 +2,11 @@
  *
  * Cython has no SIMD vector type, and gcc does not keep a 2-D accumulator
  * array in registers, so the two innermost loops that need explicit register
- * blocking are written here with GCC/Clang vector extensions.  The type is 8
+ * blocking are written here with GCC/Clang vector extensions.  cyf_v8f is 8
  * floats wide; the compiler lowers it to one AVX register (x86-64-v3/v4), two
  * SSE registers (x86-64-v2) or NEON pairs, so the same source serves every
- * kernel level built by setup.py.  Everything around these loops (packing,
+ * kernel level built by setup.py.  cyf_vt (the GEMM tile, exp, GELU) is 16
+ * floats wide where AVX-512 is on.  Everything around these loops (packing,
  * threading, epilogues) is Cython.
  *
  * Summation order is fixed by the code, never by the thread count or the
@@ -251,66 +252,67 @@ static inline double cyf_sqdev_f64(const float *x, ptrdiff_t n, double mean)
     return cyf_lanes8(a, b, x, i, n, mean, 1);
 }
 
-/* ---- exp and GELU, 8 lanes at a time ------------------------------------
+/* ---- exp and GELU, CYF_VW lanes at a time ------------------------------
  * glibc's expf/tanhf are scalar calls; without -ffast-math gcc will not
  * vectorise them.  This exp uses Cody-Waite range reduction x = n ln2 + r and
  * the Cephes minimax polynomial for e^r on [-ln2/2, ln2/2] (max error about
  * 1 ulp over the float range); 2^n is built in the exponent bits.  Pure IEEE
- * arithmetic, so results do not depend on the vector width. */
+ * arithmetic lane by lane, so results do not depend on the vector width:
+ * 16 lanes with AVX-512 halve the instruction count and give the same bits. */
 
-static inline cyf_v8f cyf_select(cyf_v8i mask, cyf_v8f a, cyf_v8f b)
+typedef int cyf_vti __attribute__((vector_size(CYF_VW * sizeof(int))));
+
+static inline cyf_vt cyf_select(cyf_vti mask, cyf_vt a, cyf_vt b)
 {   /* mask lanes are 0 or -1: a where set, b elsewhere */
-    cyf_v8i ai, bi;
+    cyf_vti ai, bi;
     memcpy(&ai, &a, sizeof ai);
     memcpy(&bi, &b, sizeof bi);
-    cyf_v8i r = (ai & mask) | (bi & ~mask);
-    cyf_v8f out;
+    cyf_vti r = (ai & mask) | (bi & ~mask);
+    cyf_vt out;
     memcpy(&out, &r, sizeof out);
     return out;
 }
 
-static inline cyf_v8f cyf_exp8(cyf_v8f x)
+static inline cyf_vt cyf_exp(cyf_vt x)
 {
-    const cyf_v8f hi = {88.3762626647949f, 88.3762626647949f, 88.3762626647949f, 88.3762626647949f,
-                        88.3762626647949f, 88.3762626647949f, 88.3762626647949f, 88.3762626647949f};
+    const cyf_vt zero = {0};
+    const cyf_vt hi = zero + 88.3762626647949f;
     const float lo = -87.3365478515625f;  /* below: e^x < FLT_MIN, return 0 */
-    cyf_v8i too_small = x < lo;
-    cyf_v8i too_big = x > hi;
-    cyf_v8i is_nan = x != x;
-    cyf_v8f xc = cyf_select(too_small | is_nan, (cyf_v8f){0}, cyf_select(too_big, hi, x));
+    cyf_vti too_small = x < lo;
+    cyf_vti too_big = x > hi;
+    cyf_vti is_nan = x != x;
+    cyf_vt xc = cyf_select(too_small | is_nan, zero, cyf_select(too_big, hi, x));
     /* n = round(x / ln2) by the 1.5 * 2^23 trick (exact for |n| < 2^22) */
     const float magic = 12582912.0f;
-    cyf_v8f n = (xc * 1.44269504088896341f + magic) - magic;
-    cyf_v8f r = xc - n * 0.693359375f;          /* ln2 split: exact high part */
+    cyf_vt n = (xc * 1.44269504088896341f + magic) - magic;
+    cyf_vt r = xc - n * 0.693359375f;          /* ln2 split: exact high part */
     r = r - n * -2.12194440e-4f;                /* and the low part */
-    cyf_v8f r2 = r * r;
-    cyf_v8f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    cyf_vt r2 = r * r;
+    cyf_vt p = r * 1.9875691500e-4f + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r2 + r + 1.0f;
-    cyf_v8i ni = __builtin_convertvector(n, cyf_v8i);
-    cyf_v8i bits = (ni + 127) << 23;
-    cyf_v8f scale;
+    cyf_vti ni = __builtin_convertvector(n, cyf_vti);
+    cyf_vti bits = (ni + 127) << 23;
+    cyf_vt scale;
     memcpy(&scale, &bits, sizeof scale);
-    cyf_v8f y = p * scale;
-    const cyf_v8f inf = {__builtin_inff(), __builtin_inff(), __builtin_inff(), __builtin_inff(),
-                         __builtin_inff(), __builtin_inff(), __builtin_inff(), __builtin_inff()};
-    y = cyf_select(too_big, inf, y);
-    y = cyf_select(too_small, (cyf_v8f){0}, y);
+    cyf_vt y = p * scale;
+    y = cyf_select(too_big, zero + __builtin_inff(), y);
+    y = cyf_select(too_small, zero, y);
     return cyf_select(is_nan, x, y);
 }
 
 /* GPT-2's GELU, 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3),
  * computed as x / (1 + e^{-2u}) (the same function: 1 + tanh(u) = 2 / (1 + e^{-2u})),
  * which needs one exp and has no cancellation for negative x. */
-static inline cyf_v8f cyf_gelu_new8(cyf_v8f x)
+static inline cyf_vt cyf_gelu_new_v(cyf_vt x)
 {
-    cyf_v8f u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    cyf_v8f y = x / (1.0f + cyf_exp8(-2.0f * u));
+    cyf_vt u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    cyf_vt y = x / (1.0f + cyf_exp(-2.0f * u));
     /* at x = -inf that is -inf / inf; the limit is 0 */
-    return cyf_select(x == -__builtin_inff(), (cyf_v8f){0}, y);
+    return cyf_select(x == -__builtin_inff(), (cyf_vt){0}, y);
 }
 
 /* In place over n floats (tail padded through a small buffer, so every
@@ -318,12 +320,12 @@ static inline cyf_v8f cyf_gelu_new8(cyf_v8f x)
 static inline void cyf_gelu_new_n(float *x, ptrdiff_t n)
 {
     ptrdiff_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        cyf_store8(x + i, cyf_gelu_new8(cyf_load8(x + i)));
+    for (; i + CYF_VW <= n; i += CYF_VW)
+        cyf_store_t(x + i, cyf_gelu_new_v(cyf_load_t(x + i)));
     if (i < n) {
-        float buf[8] = {0};
+        float buf[CYF_VW] = {0};
         memcpy(buf, x + i, (size_t)(n - i) * sizeof(float));
-        cyf_store8(buf, cyf_gelu_new8(cyf_load8(buf)));
+        cyf_store_t(buf, cyf_gelu_new_v(cyf_load_t(buf)));
         memcpy(x + i, buf, (size_t)(n - i) * sizeof(float));
     }
 }
@@ -332,16 +334,16 @@ static inline void cyf_gelu_new_n(float *x, ptrdiff_t n)
  * loop); two vector chains instead of one serial compare. */
 static inline float cyf_max_n(const float *x, ptrdiff_t n, float init)
 {
-    cyf_v8f a = {init, init, init, init, init, init, init, init}, b = a;
+    cyf_vt a = (cyf_vt){0} + init, b = a;
     ptrdiff_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        cyf_v8f u = cyf_load8(x + i), v = cyf_load8(x + i + 8);
+    for (; i + 2 * CYF_VW <= n; i += 2 * CYF_VW) {
+        cyf_vt u = cyf_load_t(x + i), v = cyf_load_t(x + i + CYF_VW);
         a = cyf_select(u > a, u, a);
         b = cyf_select(v > b, v, b);
     }
     a = cyf_select(b > a, b, a);
     float m = init;
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < CYF_VW; j++)
         if (a[j] > m) m = a[j];
     for (; i < n; i++)
         if (x[i] > m) m = x[i];
@@ -350,26 +352,42 @@ static inline float cyf_max_n(const float *x, ptrdiff_t n, float init)
 
 /* x[i] = e^(x[i] - shift) in place; returns the sum of the results, added
  * in double over 8 interleaved lanes (i mod 8) and then a fixed tree:
- * deterministic, exact enough for softmax, and not one serial chain. */
+ * deterministic, exact enough for softmax, and not one serial chain.  The
+ * lanes take the terms in the same order at either vector width. */
+static inline void cyf_add_lanes(cyf_v4d *a, cyf_v4d *b, cyf_vt e, int ngroups)
+{   /* the first ngroups groups of 8 floats of e: 0-3 into a, 4-7 into b
+     * (straight from the register: no store and reload) */
+    if (ngroups < 1) return;
+    *a += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), cyf_v4d);
+    *b += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), cyf_v4d);
+#if CYF_VW == 16
+    if (ngroups < 2) return;
+    *a += __builtin_convertvector(__builtin_shufflevector(e, e, 8, 9, 10, 11), cyf_v4d);
+    *b += __builtin_convertvector(__builtin_shufflevector(e, e, 12, 13, 14, 15), cyf_v4d);
+#endif
+}
+
 static inline double cyf_exp_shift_n(float *x, ptrdiff_t n, float shift)
 {
     cyf_v4d a = {0}, b = {0};
     ptrdiff_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        /* widened in registers: reading the stored floats back went
+    for (; i + CYF_VW <= n; i += CYF_VW) {
+        /* summed from registers: reading the stored floats back went
          * through a store-forwarding stall every 8 elements */
-        const cyf_v8f e = cyf_exp8(cyf_load8(x + i) - shift);
-        cyf_store8(x + i, e);
-        a += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), cyf_v4d);
-        b += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), cyf_v4d);
+        const cyf_vt e = cyf_exp(cyf_load_t(x + i) - shift);
+        cyf_store_t(x + i, e);
+        cyf_add_lanes(&a, &b, e, CYF_VW / 8);
     }
     if (i < n) {  /* the tail through a padded buffer: the same vector arithmetic */
-        float buf[8];
+        float buf[CYF_VW];
         ptrdiff_t m = n - i;
         memcpy(buf, x + i, (size_t)m * sizeof(float));
-        for (ptrdiff_t j = m; j < 8; j++) buf[j] = shift;
-        cyf_store8(buf, cyf_exp8(cyf_load8(buf) - shift));
+        for (ptrdiff_t j = m; j < CYF_VW; j++) buf[j] = shift;
+        const cyf_vt e = cyf_exp(cyf_load_t(buf) - shift);
+        cyf_store_t(buf, e);
         memcpy(x + i, buf, (size_t)m * sizeof(float));
+        cyf_add_lanes(&a, &b, e, (int)(m / 8));  /* whole groups of 8 */
+        i += m / 8 * 8;
     }
     return cyf_lanes8(a, b, x, i, n, 0.0, 0);
 }
