@@ -49,10 +49,12 @@ class Model:
         see earlier ones (causal).
         """
         batch, batched = check_ids(ids, self.config)
-        runs = [self.backend.run(seq, self.backend.new_cache(len(seq), reuse=True)) for seq in batch]
-        # one sequence: hand back the backend's array as is (a [512, 50257]
-        # copy costs as much as a layer norm pass)
-        return np.stack(runs) if batched else runs[0]
+        if not batched:  # the backend's array as is (a [512, 50257] copy costs a layer norm pass)
+            return self.backend.run(batch[0], self.backend.new_cache(len(batch[0]), reuse=True))
+        logits = np.empty((*batch.shape, self.config.vocab_size), dtype=np.float32)
+        for b, seq in enumerate(batch):  # each run's array is dropped before the next one
+            logits[b] = self.backend.run(seq, self.backend.new_cache(len(seq), reuse=True))
+        return logits
 
     __call__ = forward
 

@@ -197,3 +197,35 @@ def test_forward_hands_out_fresh_logits_and_forgets_earlier_runs(checkpoint, mod
     assert np.array_equal(got_short, want_short)
     assert np.array_equal(first, kept) and not np.shares_memory(first, got_short)
     assert np.array_equal(m.forward(long), kept)
+
+
+def test_forward_reuses_logits_memory_only_once_nothing_refers_to_it(models, rng):
+    """Dropped logits are handed out again (the saving is real memory, so it
+    is checked); kept logits, a view of them, or a buffer exported from them
+    make the next forward take new memory and leave them as they were."""
+    m = models("odd")["cython"]
+    ids = rng.integers(0, 101, size=(4, 21))
+    want = [m.forward(s).copy() for s in ids]
+    address = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+
+    first = m.forward(ids[0])
+    freed = address(first)
+    del first
+    again = m.forward(ids[1])
+    assert address(again) == freed and np.array_equal(again, want[1])
+
+    for keep in (lambda a: a, lambda a: a[3:5, 7], lambda a: memoryview(a), lambda a: a.T):
+        held = keep(again)
+        snapshot = np.array(held, copy=True)
+        del again
+        again = m.forward(ids[2])
+        assert not np.shares_memory(np.asarray(held), again)
+        assert np.array_equal(np.asarray(held), snapshot)
+        assert np.array_equal(again, want[2])
+        del held
+
+    # a shorter run takes the front of the larger buffer once it is free
+    del again
+    short = m.forward(ids[3][:6])
+    assert np.array_equal(short, want[3][:6]) and short.flags.c_contiguous
+    assert np.array_equal(m.forward(ids), np.stack(want))
