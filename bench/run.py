@@ -405,7 +405,7 @@ def measure_cache_cost(model, reps):
     for _ in range(max(reps, 3)):
         plain.append(_timed(lambda: model.forward(ids)))
         cached.append(_timed(lambda: model.run_with_cache(ids)))
-    return {"plain s": plain, "cached s": cached,
+    return {"plain s": plain, "cached s": cached, "threads": model.threads,
             "ratio": [c / p for c, p in zip(cached, plain)]}
 
 
@@ -483,7 +483,8 @@ def render(info, limit_runs, small, tinyres, rss, cache_cost, threads_list, pref
                   + f" (weights {decode_bytes(cfg) / 1e6 + 4 * 1024 * 768 / 1e6:.0f} MB; cyformer's KV cache holds the "
                   f"{16 + n_new} positions the generation can reach, {2 * 4 * 12 * (16 + n_new) * 768 / 1e6:.0f} MB)."]
     if cache_cost:
-        lines += ["", "run_with_cache (every hook point) vs plain forward, GPT-2 small, T=128: "
+        lines += ["", "run_with_cache (every hook point) vs plain forward, GPT-2 small, T=128, "
+                  f"{cache_cost['threads']} thread(s): "
                   f"{fmt(cache_cost['ratio'], 'x', 2)} (plain {fmt(cache_cost['plain s'], ' s', 3)}, "
                   f"cached {fmt(cache_cost['cached s'], ' s', 3)})"]
     lines += ["", f"## Tiny geometry ({TINY['n_layer']} layers, d_model {TINY['n_embd']}, vocab {TINY['vocab_size']}), "
