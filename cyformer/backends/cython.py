@@ -243,9 +243,9 @@ class LogitsBuffer:
     Logits are the largest array of a forward (103 MB for 512 positions of
     GPT-2 small), and a fresh one costs more than its size suggests: the
     first write to each page faults, and NumPy advises huge pages, for which
-    the kernel may stop to compact memory.  In the benchmark's process that
-    took a 512-token prefill from 0.64 s to 0.71 s at 2 threads (1.24 s to
-    1.44 s at 1).  A caller that drops the logits before the next forward
+    the kernel may stop to compact memory.  In a process set up like the
+    benchmark's, a 512-token prefill took 0.71 s with fresh logits and
+    0.60 s with reused ones at 2 threads (1.44 s and 1.15 s at 1).  A caller that drops the logits before the next forward
     (an evaluation loop, the benchmark) gets the same memory back; a caller
     that keeps them, or any view of them, gets a new array, so results are
     never overwritten.  The buffer is the largest asked for so far; one is
