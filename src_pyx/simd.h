@@ -354,29 +354,29 @@ static inline float cyf_max_n(const float *x, ptrdiff_t n, float init)
  * in double over 8 interleaved lanes (i mod 8) and then a fixed tree:
  * deterministic, exact enough for softmax, and not one serial chain.  The
  * lanes take the terms in the same order at either vector width. */
-static inline void cyf_add_lanes(cyf_v4d *a, cyf_v4d *b, cyf_vt e, int ngroups)
-{   /* the first ngroups groups of 8 floats of e: 0-3 into a, 4-7 into b
-     * (straight from the register: no store and reload) */
+typedef double cyf_v8d __attribute__((vector_size(64)));
+
+static inline void cyf_add_lanes(cyf_v8d *acc, cyf_vt e, int ngroups)
+{   /* the first ngroups groups of 8 floats of e, widened, into the 8 lanes
+     * (one 8-double register with AVX-512, two 4-double ones with AVX2) */
     if (ngroups < 1) return;
-    *a += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), cyf_v4d);
-    *b += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), cyf_v4d);
+    *acc += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7), cyf_v8d);
 #if CYF_VW == 16
     if (ngroups < 2) return;
-    *a += __builtin_convertvector(__builtin_shufflevector(e, e, 8, 9, 10, 11), cyf_v4d);
-    *b += __builtin_convertvector(__builtin_shufflevector(e, e, 12, 13, 14, 15), cyf_v4d);
+    *acc += __builtin_convertvector(__builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15), cyf_v8d);
 #endif
 }
 
 static inline double cyf_exp_shift_n(float *x, ptrdiff_t n, float shift)
 {
-    cyf_v4d a = {0}, b = {0};
+    cyf_v8d acc = {0};
     ptrdiff_t i = 0;
     for (; i + CYF_VW <= n; i += CYF_VW) {
         /* summed from registers: reading the stored floats back went
          * through a store-forwarding stall every 8 elements */
         const cyf_vt e = cyf_exp(cyf_load_t(x + i) - shift);
         cyf_store_t(x + i, e);
-        cyf_add_lanes(&a, &b, e, CYF_VW / 8);
+        cyf_add_lanes(&acc, e, CYF_VW / 8);
     }
     if (i < n) {  /* the tail through a padded buffer: the same vector arithmetic */
         float buf[CYF_VW];
@@ -386,9 +386,11 @@ static inline double cyf_exp_shift_n(float *x, ptrdiff_t n, float shift)
         const cyf_vt e = cyf_exp(cyf_load_t(buf) - shift);
         cyf_store_t(buf, e);
         memcpy(x + i, buf, (size_t)m * sizeof(float));
-        cyf_add_lanes(&a, &b, e, (int)(m / 8));  /* whole groups of 8 */
+        cyf_add_lanes(&acc, e, (int)(m / 8));  /* whole groups of 8 */
         i += m / 8 * 8;
     }
+    cyf_v4d a = __builtin_shufflevector(acc, acc, 0, 1, 2, 3);
+    cyf_v4d b = __builtin_shufflevector(acc, acc, 4, 5, 6, 7);
     return cyf_lanes8(a, b, x, i, n, 0.0, 0);
 }
 
