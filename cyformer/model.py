@@ -49,11 +49,16 @@ class Model:
         see earlier ones (causal).
         """
         batch, batched = check_ids(ids, self.config)
+        backend = self.backend
+
+        def run(seq):
+            return backend.run(seq, backend.new_cache(len(seq), reuse=True))
+
         if not batched:  # the backend's array as is (a [512, 50257] copy costs a layer norm pass)
-            return self.backend.run(batch[0], self.backend.new_cache(len(batch[0]), reuse=True))
+            return run(batch[0])
         logits = np.empty((*batch.shape, self.config.vocab_size), dtype=np.float32)
         for b, seq in enumerate(batch):  # each run's array is dropped before the next one
-            logits[b] = self.backend.run(seq, self.backend.new_cache(len(seq), reuse=True))
+            logits[b] = run(seq)
         return logits
 
     __call__ = forward

@@ -245,11 +245,12 @@ class LogitsBuffer:
     first write to each page faults, and NumPy advises huge pages, for which
     the kernel may stop to compact memory.  In a process set up like the
     benchmark's, a 512-token prefill took 0.71 s with fresh logits and
-    0.60 s with reused ones at 2 threads (1.44 s and 1.15 s at 1).  A caller that drops the logits before the next forward
-    (an evaluation loop, the benchmark) gets the same memory back; a caller
-    that keeps them, or any view of them, gets a new array, so results are
-    never overwritten.  The buffer is the largest asked for so far; one is
-    held per calling thread.
+    0.60 s with reused ones at 2 threads (1.44 s and 1.15 s at 1).  A
+    caller that drops the logits before the next forward (an evaluation
+    loop, the benchmark) gets the same memory back; a caller that keeps
+    them, or any view of them, gets a new array, so results are never
+    overwritten.  The buffer is the largest asked for so far; one is held
+    per calling thread.
     """
 
     def __init__(self):
@@ -271,6 +272,14 @@ class LogitsBuffer:
         return buf[:rows]
 
 
+class PerThread(threading.local):
+    """Each calling thread's reusable memory, made on its first use."""
+
+    def __init__(self):
+        self.ws = linalg.Workspace()
+        self.logits = LogitsBuffer()
+
+
 class CythonBackend:
     """Embedding, blocks, final layer norm and unembedding over loaded weights."""
 
@@ -283,7 +292,7 @@ class CythonBackend:
         self.threads = threads
         self.blocks = [Block(i, w, cfg) for i, w in enumerate(weights.blocks)]
         self.ln_f = LayerNorm(weights.ln_f, cfg.layer_norm_epsilon)
-        self._local = threading.local()  # .ws, .logits: each calling thread's Workspace, LogitsBuffer
+        self._local = PerThread()
         # Generation's one-token steps: every layer in one kernel call.
         self.step = decode.DecodeStep(
             weights.wte, weights.wpe,
@@ -295,18 +304,8 @@ class CythonBackend:
             cfg.n_head, cfg.layer_norm_epsilon, cfg.gelu)
 
     def workspace(self):
-        """The calling thread's Workspace (made on its first call)."""
-        ws = getattr(self._local, "ws", None)
-        if ws is None:
-            ws = self._local.ws = linalg.Workspace()
-        return ws
-
-    def logits_buffer(self):
-        """The calling thread's LogitsBuffer (made on its first call)."""
-        buf = getattr(self._local, "logits", None)
-        if buf is None:
-            buf = self._local.logits = LogitsBuffer()
-        return buf
+        """The calling thread's Workspace."""
+        return self._local.ws
 
     def new_cache(self, capacity, reuse=False):
         """A KV cache for ``capacity`` positions.  reuse=True: for a caller
@@ -347,7 +346,7 @@ class CythonBackend:
         if last_only:
             resid = resid[-1:]
         x = self.ln_f(resid, threads, out=ws.array("x", resid.shape))
-        out = self.logits_buffer().take(len(x), self.config.vocab_size)
+        out = self._local.logits.take(len(x), self.config.vocab_size)
         return linalg.linear_forward(x, self.weights.lm_head, None, out=out, w_transposed=True,
                                      threads=threads, workspace=ws)
 
