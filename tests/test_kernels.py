@@ -267,6 +267,16 @@ def test_workspace_arrays():
             ws.array("a", bad)
 
 
+@pytest.mark.parametrize("n", [1, 15, 1000, 300_001, 2_000_000])
+def test_workspace_buffers_start_on_a_cache_line(n):
+    """The GEMM packs its panels in Workspace scratch and loads them 64 bytes
+    at a time; NumPy alone starts large arrays 16 bytes past a page."""
+    ws = linalg.Workspace()
+    for a in (ws.array("a", (n,)), ws.array("b", (1, n)), linalg.aligned_empty(n)):
+        assert a.ctypes.data % 64 == 0 and a.size == n and a.dtype == np.float32 and a.flags.c_contiguous
+    assert not ws.array("c", (n,)).any()
+
+
 def test_kernels_in_a_reused_workspace_are_bitwise_the_same(rng):
     """Scratch left over from earlier calls (of other sizes, smaller and
     larger) changes nothing: every kernel writes scratch before reading it."""

@@ -549,8 +549,14 @@ def test_every_public_kernel_wrapper_is_covered():
     covered = {"linalg.linear_forward", "linalg.dot_product", "linalg.add_into", "linalg.embedding",
                "norm.layer_norm_forward", "activations.gelu_inplace", "activations.softmax_inplace",
                "attention.attention_forward", "mlp.mlp_forward", "linalg.stream_sum",
-               "decode.DecodeStep", "linalg.Workspace"}
+               "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
+
+
+def test_aligned_empty_refuses_bad_sizes():
+    for bad in (-1, 2.5, "3", None):
+        with pytest.raises(ValueError, match="aligned_empty: n"):
+            linalg.aligned_empty(bad)
 
 
 def test_good_arguments_pass():
