@@ -20,7 +20,6 @@
 #include <string.h>
 
 typedef float cyf_v8f __attribute__((vector_size(32)));
-typedef int cyf_v8i __attribute__((vector_size(32)));
 
 static inline cyf_v8f cyf_load8(const float *p) { cyf_v8f v; memcpy(&v, p, sizeof v); return v; }
 static inline void cyf_store8(float *p, cyf_v8f v) { memcpy(p, &v, sizeof v); }
