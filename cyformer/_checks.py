@@ -116,3 +116,20 @@ def threads(fn, n):
     if not 1 <= n <= MAX_THREADS:
         raise ValueError(f"{fn}: threads must be in [1, {MAX_THREADS}], got {n}")
     return n
+
+
+def check_ids(ids, cfg, fn="forward"):
+    """Token ids -> (int64 array [B, T], had_batch_axis), validated against cfg."""
+    arr = token_ids(fn, "ids", ids, cfg.vocab_size)
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"{fn}: ids must be 1-D [T] or 2-D [B, T], got shape {arr.shape}")
+    batched = arr.ndim == 2
+    if arr.size == 0:
+        raise ValueError(f"{fn}: ids must hold at least one token, got shape {arr.shape}")
+    arr = arr.reshape(-1, arr.shape[-1]) if batched else arr[None, :]
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"{fn}: ids must hold at least one token, got shape {arr.shape}")
+    if arr.shape[1] > cfg.n_positions:
+        raise ValueError(f"{fn}: {arr.shape[1]} tokens exceed the model's context of "
+                         f"n_positions={cfg.n_positions}")
+    return arr, batched

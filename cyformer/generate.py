@@ -5,7 +5,7 @@ generation owns; every further token is one position through the
 matrix-vector path, attending over the cached keys and values.
 
 With ``cache_names`` each of those runs also goes through the named hook
-points (cyformer.interp.hooks), and the activations of every step are joined
+points (cyformer.hooks), and the activations of every step are joined
 along the position axis: the decode's own activations, not a re-run.
 """
 
@@ -103,7 +103,7 @@ class Generation:
         self.hooks = None  # HookPoints recording cache_names, when asked
         self.cache = None
         if cache_names is not None:
-            from .interp.hooks import HookPoints, select
+            from .hooks import HookPoints, select
 
             if not getattr(model.backend, "supports_hooks", False):
                 raise ValueError(f"generate: cache_names needs a backend with hook points; "
@@ -193,7 +193,7 @@ class Generation:
             # position has activations too (when the context has room).
             if self.tokens and kv.length < self.prompt_ids.size + n and kv.length < cfg.n_positions:
                 self._run(np.array(self.tokens[-1:], dtype=np.int64), kv, steps)
-            from .interp.hooks import concat_steps
+            from .hooks import concat_steps
             self.cache = concat_steps(steps, kv.length)
 
     def result(self):

@@ -10,8 +10,10 @@ PAD = 16  # floats of padding per key row (one cache line)
 class KVCache:
     """Keys and values of every layer for one sequence, allocated once.
 
-    k [L, H, D, capacity + PAD]  keys, transposed so a query's scores vectorise over positions
-    v [L, H, capacity + PAD, D]  values (positions past capacity are never used)
+    k [L, G, D, capacity + PAD]  keys, transposed so a query's scores vectorise over positions
+    v [L, G, capacity + PAD, D]  values (positions past capacity are never used)
+    G = n_kv_head: with grouped-query attention the cache holds the key/value
+    heads only, never one copy per query head.
     ``length`` positions are filled; the next token goes to position ``length``.
     A cache belongs to one sequence: two generations never share one.
     """
@@ -23,15 +25,15 @@ class KVCache:
         cap = cfg.n_positions if capacity is None else int(capacity)
         if not 1 <= cap <= cfg.n_positions:
             raise ValueError(f"KVCache: capacity must be in [1, {cfg.n_positions}], got {capacity}")
-        L, H, D = cfg.n_layer, cfg.n_head, cfg.d_head
+        L, G, D = cfg.n_layer, cfg.n_kv_head, cfg.d_head
         self.capacity = cap
         # Rows of k are `cap` floats apart; at a multiple of 1 KB (256, 512,
         # 1024 positions) the D rows a score strip reads fall into the same
         # few L1 sets and evict each other.  One cache line of padding per row
         # spreads them; the kernels see a cache of cap + PAD positions.
         make = alloc or (lambda name, shape: np.zeros(shape, dtype=np.float32))
-        self.k = make("k_cache", (L, H, D, cap + PAD))
-        self.v = make("v_cache", (L, H, cap + PAD, D))
+        self.k = make("k_cache", (L, G, D, cap + PAD))
+        self.v = make("v_cache", (L, G, cap + PAD, D))
         self.length = 0
 
     def layer(self, i):

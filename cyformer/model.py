@@ -21,7 +21,7 @@ from .weights import Weights
 
 
 class Model:
-    """A loaded GPT-2: embedding, blocks, final layer norm and unembedding.
+    """A loaded model: embedding, blocks, final norm and unembedding.
 
     Build one with ``cyformer.load(path)``.  ``threads`` is the OpenMP team
     size every kernel call uses; results do not depend on it.
@@ -39,8 +39,9 @@ class Model:
 
     def __repr__(self):
         c = self.config
-        return (f"<cyformer.Model ({self.backend.name}) {c.n_layer} layers, d_model {c.n_embd}, {c.n_head} heads, "
-                f"vocab {c.vocab_size}, context {c.n_positions}, threads {self.threads}>")
+        kv = f" ({c.n_kv_head} key/value)" if c.n_kv_head != c.n_head else ""
+        return (f"<cyformer.Model {c.model_type} ({self.backend.name}) {c.n_layer} layers, d_model {c.n_embd}, "
+                f"{c.n_head} heads{kv}, vocab {c.vocab_size}, context {c.n_positions}, threads {self.threads}>")
 
     def forward(self, ids):
         """Logits for every position: ids [T] -> [T, V], or [B, T] -> [B, T, V] (float32).
@@ -48,7 +49,7 @@ class Model:
         Each sequence runs from position 0 with its own cache; positions only
         see earlier ones (causal).
         """
-        batch, batched = check_ids(ids, self.config)
+        batch, batched = _checks.check_ids(ids, self.config)
         backend = self.backend
 
         def run(seq):
@@ -71,19 +72,19 @@ class Model:
         W_V, W_O, biases, qk_circuit(), ov_circuit()) and
         ``blocks[i].mlp.neurons[n]`` (read, bias, write); views of the weights."""
         if self._parts is None:
-            from .interp.parts import model_blocks
+            from .parts import model_blocks
             self._parts = model_blocks(self.config, self.weights)
         return self._parts
 
     @property
     def unembed(self):
         """``unembed[token]`` -> that token's logit direction [C] (a row of lm_head, read-only)."""
-        from .interp.parts import Unembed
+        from .parts import Unembed
         return Unembed(self.weights.lm_head)
 
     def hook_names(self):
         """Every hook point's name, in the order the forward pass reaches them."""
-        from .interp.hooks import hook_names
+        from .hooks import hook_names
         return hook_names(self.config)
 
     def run_with_cache(self, ids, names=None, fwd_hooks=()):
@@ -91,13 +92,13 @@ class Model:
 
         ids [T] or [B, T] as for forward().  names selects what is kept: None
         (everything), a list of hook names, or a predicate name -> bool; see
-        ``hook_names()`` and cyformer.interp.hooks for names and shapes.  The
+        ``hook_names()`` and cyformer.hooks for names and shapes.  The
         cache is a dict name -> float32 array, with a leading batch axis for
         2-D ids.  Only the requested points are computed apart from the
         fused kernels.  fwd_hooks as in run_with_hooks() run first, so the
         cache shows what the model used.
         """
-        from .interp.hooks import ActivationCache, HookPoints, select, stack_batch
+        from .hooks import ActivationCache, HookPoints, select, stack_batch
 
         hooks = HookPoints(self.config, select(self.config, names), fwd_hooks)
         logits, caches, batched = self._run_hooked("run_with_cache", ids, hooks)
@@ -113,7 +114,7 @@ class Model:
         order.  With 2-D ids each sequence runs on its own, and the hooks are
         called once per sequence with its activations (no batch axis).
         """
-        from .interp.hooks import HookPoints
+        from .hooks import HookPoints
 
         return self._run_hooked("run_with_hooks", ids, HookPoints(self.config, (), fwd_hooks))[0]
 
@@ -122,7 +123,7 @@ class Model:
         if not getattr(backend, "supports_hooks", False):
             raise ValueError(f"{fn}: the {backend.name!r} backend has no hook points; "
                              "load the model with backend='cython'")
-        batch, batched = check_ids(ids, self.config, fn)
+        batch, batched = _checks.check_ids(ids, self.config, fn)
         logits = np.empty((*batch.shape, self.config.vocab_size), dtype=np.float32)
         caches = []
         for b, seq in enumerate(batch):
@@ -174,19 +175,3 @@ class Model:
         ids prompt.  The returned iterator has ``finish_reason`` once exhausted."""
         return Stream(Generation(self, prompt, max_new_tokens, temperature, top_k, top_p,
                                  repetition_penalty, stop, seed))
-
-def check_ids(ids, cfg: Config, fn="forward"):
-    """Token ids -> (int64 array [B, T], had_batch_axis), validated against cfg."""
-    arr = _checks.token_ids(fn, "ids", ids, cfg.vocab_size)
-    if arr.ndim not in (1, 2):
-        raise ValueError(f"{fn}: ids must be 1-D [T] or 2-D [B, T], got shape {arr.shape}")
-    batched = arr.ndim == 2
-    if arr.size == 0:
-        raise ValueError(f"{fn}: ids must hold at least one token, got shape {arr.shape}")
-    arr = arr.reshape(-1, arr.shape[-1]) if batched else arr[None, :]
-    if arr.shape[0] < 1 or arr.shape[1] < 1:
-        raise ValueError(f"{fn}: ids must hold at least one token, got shape {arr.shape}")
-    if arr.shape[1] > cfg.n_positions:
-        raise ValueError(f"{fn}: {arr.shape[1]} tokens exceed the model's context of "
-                         f"n_positions={cfg.n_positions}")
-    return arr, batched

@@ -1,17 +1,19 @@
-"""Read a GPT-2 checkpoint (model.safetensors) into typed, read-only arrays.
+"""Read a checkpoint (safetensors, one file or sharded) into typed, read-only
+arrays in cyformer's kernel layout.
 
-One explicit map from checkpoint names to parameters, every shape checked
-against the config.  Hugging Face's GPT-2 uses Conv1D layers, which store
-weights as [in, out]: exactly the layout the linear kernels read, so no
-tensor is transposed or copied after it is read.
+What fills each parameter comes from the model's family (cyformer.arch): for
+GPT-2 its Conv1D [in, out] weights are already the kernel layout, so they are
+read straight into place; for the Llama family the [out, in] ``nn.Linear``
+weights are transposed, and q/k/v and gate/up are placed side by side, once,
+at load.  Every shape is checked against the config.
 
 The header is parsed and validated here before any data is read, so that a
 truncated, corrupt or hostile file gives a ModelLoadError naming the file and
-tensor, never a crash.  float32 and bfloat16 (which NumPy lacks) are read raw
-into place; float16 and float64 go through the safetensors package and are
-narrowed or widened.  All tensors live in one arena backed by huge pages
-where the OS offers them (see _arena).
-The format (https://github.com/huggingface/safetensors#format):
+tensor, never a crash.  float32 and bfloat16 (which NumPy lacks) are read raw;
+float16 and float64 go through the safetensors package and are narrowed or
+widened.  All tensors live in one arena backed by huge pages where the OS
+offers them (see _arena).  The format
+(https://github.com/huggingface/safetensors#format):
 
     8 bytes    N, little-endian unsigned: the header's length
     N bytes    JSON: {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}
@@ -19,7 +21,9 @@ The format (https://github.com/huggingface/safetensors#format):
 
 Every entry is checked (offsets inside the file, no two tensors overlapping,
 end - begin == itemsize x prod(shape)) before a byte of data is read, and
-nothing is ever unpickled.
+nothing is ever unpickled.  A sharded checkpoint's
+``model.safetensors.index.json`` names the file of every tensor; each shard
+is checked the same way, and a tensor found in two shards is an error.
 """
 
 import json
@@ -28,16 +32,17 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from .arch import GLOBAL_PARAMS, LAYER_PARAMS, global_shapes, layer_shapes  # noqa: F401 (re-exported)
 from .config import Config
 from .errors import ModelLoadError
 
 # Tensors that hub checkpoints carry but that hold no parameters: the causal
-# mask buffers of older transformers versions.
-_BUFFERS = ("attn.bias", "attn.masked_bias")
+# mask buffers of older transformers versions, old Llama rotary tables.
+_BUFFERS = ("attn.bias", "attn.masked_bias", "rotary_emb.inv_freq")
 
 # Bytes per element of every safetensors dtype; sub-byte float types (F4,
 # F6_*) are left out and only accepted on tensors that are not read.
@@ -48,57 +53,76 @@ ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 # The safetensors package refuses larger headers too.
 MAX_HEADER_BYTES = 100_000_000
+MAX_INDEX_BYTES = 2**26
 
 
 @dataclass(frozen=True)
-class LayerNormWeights:
-    weight: np.ndarray  # [C] gain
-    bias: np.ndarray    # [C]
+class NormWeights:
+    weight: np.ndarray            # [C] gain
+    bias: Optional[np.ndarray]    # [C] (layer norm), None (RMSNorm)
+
+
+LayerNormWeights = NormWeights
 
 
 @dataclass(frozen=True)
 class LinearWeights:
-    weight: np.ndarray  # [in, out]
-    bias: np.ndarray    # [out]
+    weight: np.ndarray            # [in, out]
+    bias: Optional[np.ndarray]    # [out], or None where the family has none
+
+
+# parameter name prefix (arch.LAYER_PARAMS) -> BlockWeights field
+MODULES = {"ln_1": "ln_1", "attn.c_attn": "c_attn", "attn.c_proj": "attn_c_proj",
+           "ln_2": "ln_2", "mlp.c_fc": "c_fc", "mlp.c_proj": "mlp_c_proj"}
 
 
 @dataclass(frozen=True)
 class BlockWeights:
-    ln_1: LayerNormWeights
-    c_attn: LinearWeights       # [C, 3C]: q | k | v
-    attn_c_proj: LinearWeights  # [C, C]: heads' outputs back into the residual stream
-    ln_2: LayerNormWeights
-    c_fc: LinearWeights         # [C, D_mlp]
-    mlp_c_proj: LinearWeights   # [D_mlp, C]
+    ln_1: NormWeights
+    c_attn: LinearWeights       # [C, (H + 2G) D]: q | k | v
+    attn_c_proj: LinearWeights  # [H D, C]: heads' outputs back into the residual stream
+    ln_2: NormWeights
+    c_fc: LinearWeights         # [C, F] (GELU) or [C, 2F] (SwiGLU: gate | up)
+    mlp_c_proj: LinearWeights   # [F, C]
+
+    def param(self, name):
+        """A parameter by its name in arch.LAYER_PARAMS ("attn.c_attn.weight")."""
+        module, kind = name.rsplit(".", 1)
+        return getattr(getattr(self, MODULES[module]), kind)
+
+    @classmethod
+    def from_params(cls, get):
+        """Build from get(name) -> array or None, name in arch.LAYER_PARAMS."""
+        parts = {}
+        for module, field in MODULES.items():
+            kind = NormWeights if module.startswith("ln_") else LinearWeights
+            parts[field] = kind(get(module + ".weight"), get(module + ".bias"))
+        return cls(**parts)
 
 
 @dataclass(frozen=True)
 class Weights:
     wte: np.ndarray             # [V, C] token embedding
-    wpe: np.ndarray             # [P, C] position embedding
+    wpe: Optional[np.ndarray]   # [P, C] position embedding (None: rotary positions)
     blocks: Tuple[BlockWeights, ...]
-    ln_f: LayerNormWeights
+    ln_f: NormWeights
     lm_head: np.ndarray         # [V, C] unembedding; the same array as wte when tied
 
     @property
     def tied(self) -> bool:
         return self.lm_head is self.wte
 
-
-def _expected_shapes(cfg: Config):
-    V, P, C, D = cfg.vocab_size, cfg.n_positions, cfg.n_embd, cfg.d_mlp
-    shapes = {"wte.weight": (V, C), "wpe.weight": (P, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
-    for i in range(cfg.n_layer):
-        h = f"h.{i}."
-        shapes.update({
-            h + "ln_1.weight": (C,), h + "ln_1.bias": (C,),
-            h + "attn.c_attn.weight": (C, 3 * C), h + "attn.c_attn.bias": (3 * C,),
-            h + "attn.c_proj.weight": (C, C), h + "attn.c_proj.bias": (C,),
-            h + "ln_2.weight": (C,), h + "ln_2.bias": (C,),
-            h + "mlp.c_fc.weight": (C, D), h + "mlp.c_fc.bias": (D,),
-            h + "mlp.c_proj.weight": (D, C), h + "mlp.c_proj.bias": (C,),
-        })
-    return shapes
+    @classmethod
+    def from_params(cls, cfg: Config, params):
+        """Build from a flat dict: globals (arch.GLOBAL_PARAMS) and
+        blocks.{i}.{name}; absent parameters may be missing or None."""
+        blocks = tuple(BlockWeights.from_params(lambda n, i=i: params.get(f"blocks.{i}.{n}"))
+                       for i in range(cfg.n_layer))
+        wte = params["wte"]
+        lm_head = params.get("lm_head")
+        return cls(wte=wte, wpe=params.get("wpe"), blocks=blocks,
+                   ln_f=NormWeights(params["ln_f.weight"], params.get("ln_f.bias")),
+                   lm_head=wte if lm_head is None else lm_head)
 
 
 class TensorInfo(NamedTuple):
@@ -291,99 +315,198 @@ def _checkpoint_missing(path):
     d = os.path.dirname(path) or "."
     if os.path.exists(path):
         return ModelLoadError(f"{path}: model.safetensors is not a regular file")
-    if os.path.exists(os.path.join(d, "model.safetensors.index.json")):
-        return ModelLoadError(f"{path}: model.safetensors not found; sharded checkpoints "
-                              "(model.safetensors.index.json) are not supported")
     if os.path.exists(os.path.join(d, "pytorch_model.bin")):
         return ModelLoadError(f"{path}: model.safetensors not found; pytorch_model.bin is a pickle "
                               "and is never loaded (convert it with safetensors first)")
     return ModelLoadError(f"{path}: model.safetensors not found")
 
 
-def _map_names(entries, path):
-    """Checkpoint names -> names without the "transformer." prefix of GPT2LMHeadModel."""
-    prefix = "transformer." if any(k.startswith("transformer.") for k in entries) else ""
-    present = {}
-    for k in entries:
-        short = k[len(prefix):] if k.startswith(prefix) else k
-        if short in present:
-            raise ModelLoadError(f"{path}: tensors {_short(present[short])} and {_short(k)} are the same parameter")
-        present[short] = k
-    return prefix, present
+def _read_index(index_path):
+    """model.safetensors.index.json -> {tensor name: shard path}."""
+    d = os.path.dirname(index_path) or "."
+    try:
+        with open(index_path, "rb") as f:
+            data = f.read(MAX_INDEX_BYTES + 1)
+    except OSError as e:
+        raise ModelLoadError(f"{index_path}: cannot read ({e.strerror})") from None
+    if len(data) > MAX_INDEX_BYTES:
+        raise ModelLoadError(f"{index_path}: over {MAX_INDEX_BYTES} bytes; not an index")
+    try:
+        index = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ModelLoadError(f"{index_path}: not valid JSON ({str(e)[:200]})") from None
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise ModelLoadError(f"{index_path}: expected an object with a non-empty \"weight_map\"")
+    out = {}
+    for name, shard in wmap.items():
+        # a shard is a file beside the index: no paths that lead elsewhere
+        if (not isinstance(shard, str) or not shard or os.path.basename(shard) != shard
+                or shard in (".", "..")):
+            raise ModelLoadError(f"{index_path}: tensor {_short(name)} maps to {_short(shard)}, "
+                                 "not a file name in the checkpoint directory")
+        out[name] = os.path.join(d, shard)
+    for shard in sorted(set(out.values())):
+        if not os.path.isfile(shard):
+            raise ModelLoadError(f"{index_path}: shard {os.path.basename(shard)!r} is missing "
+                                 "(an incomplete download?)")
+    return out
+
+
+def _shard_files(path):
+    """The safetensors files of the checkpoint at ``path`` (model.safetensors,
+    or a directory's index) and the index's map, or None for one file."""
+    if os.path.isfile(path):
+        return [path], None
+    d = path if os.path.isdir(path) else (os.path.dirname(path) or ".")
+    single = os.path.join(d, "model.safetensors")
+    if os.path.isfile(single):
+        return [single], None
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        wmap = _read_index(index)
+        return sorted(set(wmap.values())), wmap
+    raise _checkpoint_missing(single if os.path.isdir(path) else path)
+
+
+def _prefix(names, family):
+    for p in family.prefixes:
+        if p and any(n.startswith(p) for n in names):
+            return p
+    return ""
+
+
+class _Checkpoint:
+    """Every tensor's header entry across the shards, files open for reading."""
+
+    def __init__(self, path):
+        files, wmap = _shard_files(path)
+        self.files = {}
+        self.where = {}  # name -> (shard path, TensorInfo, data start)
+        try:
+            for shard in files:
+                f = open(shard, "rb")
+                self.files[shard] = f
+                entries, data_start = read_header(f, shard, os.fstat(f.fileno()).st_size)
+                for name, info in entries.items():
+                    if name in self.where:
+                        raise ModelLoadError(f"{shard}: tensor {_short(name)} is also in "
+                                             f"{self.where[name][0]}; which one holds it is ambiguous")
+                    self.where[name] = (shard, info, data_start)
+        except OSError as e:
+            self.close()
+            raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
+        except BaseException:
+            self.close()
+            raise
+        if wmap is not None:
+            for name, shard in wmap.items():
+                if name in self.where and self.where[name][0] != shard:
+                    self.close()
+                    raise ModelLoadError(f"{shard}: the index puts tensor {_short(name)} here, "
+                                         f"but it is in {self.where[name][0]}")
+        self.path = path
+
+    def close(self):
+        for f in self.files.values():
+            f.close()
+
+    def check(self, name, shape):
+        if name not in self.where:
+            some = sorted(self.where)[:3]
+            raise ModelLoadError(f"{self.path}: missing tensor {name!r} (the checkpoint holds "
+                                 f"{len(self.where)} tensors, e.g. {_short(some)})")
+        shard, info, _ = self.where[name]
+        if info.dtype not in FLOAT_DTYPES:
+            raise ModelLoadError(f"{shard}: tensor {name!r} has dtype {info.dtype[:40]}; expected a "
+                                 f"floating-point type ({', '.join(FLOAT_DTYPES)})")
+        if info.shape != tuple(shape):
+            raise ModelLoadError(f"{shard}: tensor {name!r} has shape {info.shape}, expected "
+                                 f"{tuple(shape)} from config.json")
+
+    def read(self, name, out):
+        shard, info, data_start = self.where[name]
+        _read_tensor(self.files[shard], shard, name, info, data_start, out)
+        if not np.isfinite(out).all():
+            warnings.warn(f"{shard}: tensor {name!r} contains NaN or Inf")
+
+
+def _fill(ck, src, slot):
+    """Read a parameter's source tensors into its float32 slot."""
+    if len(src.parts) == 1 and not src.transpose:
+        ck.read(src.parts[0][0], slot)
+        return
+    o = 0
+    for name, shape in src.parts:
+        tmp = np.empty(shape, dtype=np.float32)
+        ck.read(name, tmp)
+        n = shape[0]
+        if src.transpose:  # [out, in] -> columns o .. o+n of [in, out]
+            slot[:, o:o + n] = tmp.T
+        else:
+            slot[o:o + n] = tmp
+        o += n
 
 
 def load_weights(path: str, cfg: Config) -> Weights:
-    """Read model.safetensors at ``path`` and check it against ``cfg``.
+    """Read the checkpoint at ``path`` (model.safetensors, or a directory
+    holding it or a sharded model.safetensors.index.json) and check it
+    against ``cfg``.
 
     Float16, bfloat16 and float64 tensors are converted to float32; integer
     tensors are refused.  NaN or Inf in a tensor is warned about.  Raises
     ModelLoadError naming the file and tensor for anything malformed.
     """
-    if not os.path.isfile(path):
-        raise _checkpoint_missing(path)
-    expected = _expected_shapes(cfg)
-    tensors = {}
     try:
-        with open(path, "rb") as f:
-            entries, data_start = read_header(f, path, os.fstat(f.fileno()).st_size)
-            prefix, present = _map_names(entries, path)
-            for name in expected:
-                if name not in present:
-                    some = sorted(entries)[:3]
-                    raise ModelLoadError(f"{path}: missing tensor {prefix + name!r} "
-                                         f"(the file holds {len(entries)} tensors, e.g. {_short(some)})")
-            unexpected = [k for short, k in present.items()
-                          if short not in expected and short != "lm_head.weight"
-                          and not short.endswith(_BUFFERS)]
-            if unexpected:
-                warnings.warn(f"{path}: ignoring {len(unexpected)} unexpected tensor(s), e.g. {_short(unexpected[:3])}")
-            names = list(expected) + (["lm_head.weight"] if "lm_head.weight" in present else [])
-            # Check every dtype and shape before reading any data.
-            for name in names:
-                key, info = present[name], entries[present[name]]
-                if info.dtype not in FLOAT_DTYPES:
-                    raise ModelLoadError(f"{path}: tensor {key!r} has dtype {info.dtype[:40]}; expected a "
-                                         f"floating-point type ({', '.join(FLOAT_DTYPES)})")
-                want = expected.get(name, (cfg.vocab_size, cfg.n_embd))
-                if info.shape != want:
-                    raise ModelLoadError(
-                        f"{path}: tensor {key!r} has shape {info.shape}, expected {want} from config.json")
-            from safetensors import SafetensorError
-
-            try:
-                slots = _float32_slots([entries[present[n]].shape for n in expected])
-                slots = dict(zip(expected, slots))
-                if "lm_head.weight" in present:  # its own arena: freed again when it equals wte
-                    slots["lm_head.weight"] = _float32_slots([entries[present["lm_head.weight"]].shape])[0]
-                for name in names:
-                    key = present[name]
-                    arr = slots[name]
-                    _read_tensor(f, path, key, entries[key], data_start, arr)
-                    if not np.isfinite(arr).all():
-                        warnings.warn(f"{path}: tensor {key!r} contains NaN or Inf")
-                    arr.flags.writeable = False  # shared by every generation: never written
-                    tensors[name] = arr
-            except SafetensorError as e:  # the header passed our checks, so this is rare
-                raise ModelLoadError(f"{path}: the safetensors package could not read it ({e})") from None
+        path = os.fspath(path)
+    except TypeError:
+        raise ModelLoadError(f"load_weights: path must be a str or os.PathLike, got {path!r}") from None
+    if not os.path.exists(path) and not os.path.isdir(os.path.dirname(path) or "."):
+        raise _checkpoint_missing(path)
+    ck = _Checkpoint(path)
+    try:
+        return _load(ck, cfg)
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
+    finally:
+        ck.close()
 
-    def ln(p):
-        return LayerNormWeights(tensors[p + ".weight"], tensors[p + ".bias"])
 
-    def lin(p):
-        return LinearWeights(tensors[p + ".weight"], tensors[p + ".bias"])
+def _load(ck, cfg):
+    family = cfg.family
+    prefix = _prefix(ck.where, family)
+    sources = family.sources(cfg, prefix)
+    shapes = {**global_shapes(cfg),
+              **{f"blocks.{i}.{n}": s for i in range(cfg.n_layer) for n, s in layer_shapes(cfg).items()}}
+    # The unembedding: its own tensor unless tied (Llama family: the config
+    # says; GPT-2: tied unless the checkpoint has a different lm_head).
+    lm_name = sources["lm_head"].parts[0][0]
+    want_lm = lm_name in ck.where if family.name == "gpt2" else not cfg.tie_word_embeddings
+    wanted = [p for p, s in shapes.items() if s is not None and (p != "lm_head" or want_lm)]
+    used = set()
+    for p in wanted:  # every name, dtype and shape before any data is read
+        for name, shape in sources[p].parts:
+            ck.check(name, shape)
+            used.add(name)
+    unexpected = [k for k in ck.where if k not in used and not k.endswith(_BUFFERS)
+                  and not (k == lm_name and cfg.tie_word_embeddings)]
+    if unexpected:
+        warnings.warn(f"{ck.path}: ignoring {len(unexpected)} unexpected tensor(s), e.g. "
+                      f"{_short(unexpected[:3])}")
+    from safetensors import SafetensorError
 
-    blocks = tuple(
-        BlockWeights(
-            ln_1=ln(f"h.{i}.ln_1"), c_attn=lin(f"h.{i}.attn.c_attn"),
-            attn_c_proj=lin(f"h.{i}.attn.c_proj"), ln_2=ln(f"h.{i}.ln_2"),
-            c_fc=lin(f"h.{i}.mlp.c_fc"), mlp_c_proj=lin(f"h.{i}.mlp.c_proj"),
-        )
-        for i in range(cfg.n_layer)
-    )
-    wte = tensors["wte.weight"]
-    lm_head = tensors.get("lm_head.weight")
-    if lm_head is None or np.array_equal(lm_head, wte):
-        lm_head = wte  # tied: one array serves both ends
-    return Weights(wte=wte, wpe=tensors["wpe.weight"], blocks=blocks, ln_f=ln("ln_f"), lm_head=lm_head)
+    params = {}
+    try:
+        main = [p for p in wanted if p != "lm_head"]
+        slots = dict(zip(main, _float32_slots([shapes[p] for p in main])))
+        if want_lm:  # its own arena: freed again when it equals wte
+            slots["lm_head"] = _float32_slots([shapes["lm_head"]])[0]
+        for p in wanted:
+            _fill(ck, sources[p], slots[p])
+            slots[p].flags.writeable = False  # shared by every generation: never written
+            params[p] = slots[p]
+    except SafetensorError as e:  # the header passed our checks, so this is rare
+        raise ModelLoadError(f"{ck.path}: the safetensors package could not read it ({e})") from None
+    if "lm_head" in params and np.array_equal(params["lm_head"], params["wte"]):
+        del params["lm_head"]  # tied: one array serves both ends
+    return Weights.from_params(cfg, params)

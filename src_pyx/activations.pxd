@@ -2,17 +2,14 @@
 
 from libc.math cimport erff, INFINITY
 
-cdef extern from "simd.h" nogil:
-    # GPT-2's tanh GELU, one vector (8 or 16 lanes) at a time, in place over n floats
-    void cyf_gelu_new_n(float* x, Py_ssize_t n)
-    double cyf_exp_shift_n(float* x, Py_ssize_t n, float shift)
-    float cyf_max_n(const float* x, Py_ssize_t n, float init)
+from .simd cimport cyf_gelu_new_n, cyf_swiglu_n, cyf_exp_shift_n, cyf_max_n
 
 # Activation codes, also used by the fused epilogues in linalg.
 cdef enum Act:
     ACT_NONE = 0
     ACT_GELU_NEW = 1   # tanh approximation, GPT-2's "gelu_new"
     ACT_GELU_ERF = 2   # exact erf GELU, "gelu"
+    ACT_SWIGLU = 3     # not pointwise: silu(gate) * up over a [gate | up] product (mlp only)
 
 cdef inline float gelu_erf(float x) noexcept nogil:
     # 0.5 x (1 + erf(x / sqrt(2))); at x = -inf that is -inf * 0, the limit 0
@@ -39,6 +36,11 @@ cdef inline void softmax_row(float* x, Py_ssize_t n) noexcept nogil:
 
 # x[i] = gelu(x[i]) in place; kind: ACT_GELU_NEW or ACT_GELU_ERF.
 cdef void gelu(float* x, Py_ssize_t n, int kind, int nthreads) noexcept nogil
+
+# SwiGLU's gate over rows: out[t, j] = silu(h[t, j]) * h[t, F + j] for
+# h [T, 2F] (the gate and up products side by side) and out [T, F].
+cdef void swiglu(float* out, const float* h, Py_ssize_t T, Py_ssize_t F,
+                 int nthreads) noexcept nogil
 
 # Row-wise softmax of x [rows, n] in place.
 cdef void softmax(float* x, Py_ssize_t rows, Py_ssize_t n, int nthreads) noexcept nogil

@@ -62,22 +62,43 @@ cdef inline Py_ssize_t gemv_per_thread(Py_ssize_t N, int nthreads) noexcept nogi
 # Floats of partial sums gemv_team needs (shared by the team).
 cdef Py_ssize_t gemv_partials_size(Py_ssize_t K, Py_ssize_t N) noexcept nogil
 
-# One row's matrix-vector product out (=|+=) act(x @ W + b), x [K], shared by
-# the team of the enclosing parallel region: every thread calls it with the
-# same arguments and its own tid and acc (GEMV_COLS floats).  counter is
-# shared and 0 on entry; without w_t it is 0 again on return, so the next
-# product may use it, and the call contains a barrier.  Pass another barrier
-# before reading out or reusing partials.  Every output is the same sum
-# whatever the team size, and the same as linear() gives for fewer than
-# MATVEC_ROWS rows.
-cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
-                    Py_ssize_t K, Py_ssize_t N, bint w_t, int act, bint accumulate,
-                    float* partials, float* acc, Py_ssize_t* counter, int tid,
-                    int team) noexcept nogil
+# What a product does with each finished sum s: out = act(s + bias), or
+# out += s + bias when accumulating (an activation and accumulate are never
+# combined).
+cdef struct Epilogue:
+    const float* bias  # [N] or NULL
+    int act            # an activations.Act (never ACT_SWIGLU)
+    bint accumulate
+
+# A thread's place in the team of the enclosing parallel region.
+cdef struct Team:
+    int tid
+    int size
+    Py_ssize_t* counter  # work counter shared by the team
+
+# Build one by assigning the whole struct inside the parallel block (Cython
+# makes a variable thread-private only when the variable itself is assigned;
+# setting its fields would share one struct between the threads).
+cdef inline Team team_of(int tid, int size, Py_ssize_t* counter) noexcept nogil:
+    cdef Team t
+    t.tid, t.size, t.counter = tid, size, counter
+    return t
+
+# One row's matrix-vector product through the epilogue: x [K] @ W [K, N]
+# (W [N, K] with w_t), shared by the team of the enclosing parallel region:
+# every thread calls it with the same arguments, its own tid and acc
+# (GEMV_COLS floats).  team.counter is shared and 0 on entry; without w_t it
+# is 0 again on return, so the next product may use it, and the call
+# contains a barrier.  Pass another barrier before reading out or reusing
+# partials.  Every output is the same sum whatever the team size, and the
+# same as linear() gives for fewer than MATVEC_ROWS rows.
+cdef void gemv_team(float* out, const float* x, const float* W, Py_ssize_t K, Py_ssize_t N,
+                    bint w_t, Epilogue ep, float* partials, float* acc, Team team) noexcept nogil
 
 # out[i] += x[i]
 cdef void add(float* out, const float* x, Py_ssize_t n, int nthreads) noexcept nogil
 
-# out[t] = wte[ids[t]] + wpe[pos0 + t]; ids must already be validated.
+# out[t] = wte[ids[t]] + wpe[pos0 + t] (wpe NULL: wte[ids[t]]); ids must
+# already be validated.
 cdef void embed(float* out, const long long* ids, const float* wte, const float* wpe,
                 Py_ssize_t T, Py_ssize_t C, Py_ssize_t pos0, int nthreads) noexcept nogil

@@ -27,23 +27,9 @@ from cyformer import _checks
 
 cnp.import_array()
 
-cdef extern from "simd.h" nogil:
-    enum:
-        CYF_MR
-        CYF_NR
-    void cyf_gemm_tile(const float* x, Py_ssize_t ldx, int nrows,
-                       const float* wp, Py_ssize_t ldw, Py_ssize_t K, float* tile,
-                       Py_ssize_t ldt)
-    float cyf_dot(const float* a, const float* b, Py_ssize_t n)
-    float cyf_stream_sum(const float* x, Py_ssize_t n)
-    void cyf_gelu_new_n(float* x, Py_ssize_t n)
-    void cyf_gemv_rows(const float* x, const float* W, Py_ssize_t ldw, Py_ssize_t K,
-                       Py_ssize_t n, float* out)
-
-cdef extern from "team.h" nogil:
-    int cyf_team_size()
-    void cyf_barrier()
-    Py_ssize_t cyf_next_item(Py_ssize_t* counter)
+from .simd cimport (CYF_MR, CYF_NR, cyf_gemm_tile, cyf_dot, cyf_stream_sum, cyf_gelu_new_n,
+                    cyf_gemv_rows)
+from .team cimport cyf_team_size, cyf_barrier, cyf_next_item
 
 cdef enum:
     # Columns per packed GEMM panel (8 strips of 16, or 4 of 32): the unit of
@@ -55,7 +41,7 @@ cdef enum:
     # Values of k per block of the transposed pack (one cache line of a row of W).
     PACK_KB = 16
 
-ACTIVATIONS = {"none": ACT_NONE, "gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
+from .activations import ACTIVATIONS
 
 
 cdef Py_ssize_t gemv_partials_size(Py_ssize_t K, Py_ssize_t N) noexcept nogil:
@@ -194,10 +180,8 @@ cdef void gemv_cols(float* out, const float* x, const float* W, const float* b,
         a += nw
 
 
-cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
-                    Py_ssize_t K, Py_ssize_t N, bint w_t, int act, bint accumulate,
-                    float* partials, float* acc, Py_ssize_t* counter, int tid,
-                    int team) noexcept nogil:
+cdef void gemv_team(float* out, const float* x, const float* W, Py_ssize_t K, Py_ssize_t N,
+                    bint w_t, Epilogue ep, float* partials, float* acc, Team team) noexcept nogil:
     # Each thread must stream long contiguous runs of W: two threads reading
     # the two halves of every row ran 20-25 % slower (measured on 768x3072
     # and 3072x768) than two threads each reading its own block of rows.
@@ -209,8 +193,12 @@ cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
     # do not depend on the team, so neither do the results.  The last few
     # blocks are handed out in column pieces, so that the thread that
     # finishes first waits for a fraction of a block rather than a whole one.
-    cdef Py_ssize_t per = gemv_per_thread(N, team)
-    cdef Py_ssize_t n0 = tid * per
+    cdef Py_ssize_t per = gemv_per_thread(N, team.size)
+    cdef Py_ssize_t n0 = team.tid * per
+    cdef Py_ssize_t* counter = team.counter
+    cdef const float* b = ep.bias
+    cdef int act = ep.act
+    cdef bint accumulate = ep.accumulate
     cdef Py_ssize_t n1 = N if N < n0 + per else n0 + per
     cdef Py_ssize_t nb, blk, k0, kb, c0, c1, cw, j, ntail, nitems, item, pw
     cdef float* p0
@@ -246,7 +234,7 @@ cdef void gemv_team(float* out, const float* x, const float* W, const float* b,
             c0 += cw
         item = cyf_next_item(counter)
     cyf_barrier()
-    if tid == 0:  # every thread has drawn its last item: ready for the next product
+    if team.tid == 0:  # every thread has drawn its last item: ready for the next product
         counter[0] = 0
     if n0 < n1:
         p0 = partials + n0
@@ -264,15 +252,16 @@ cdef void _gemv(float* out, const float* x, const float* W, const float* b,
     cdef float* accs = scratch + (0 if w_t else gemv_partials_size(K, N))
     cdef Py_ssize_t counters[MATVEC_ROWS]  # one per row (T < MATVEC_ROWS)
     cdef Py_ssize_t t
-    cdef int tid, team
+    cdef Team team
+    cdef Epilogue ep
+    ep.bias, ep.act, ep.accumulate = b, act, accumulate
     for t in range(T):
         counters[t] = 0
     with parallel(num_threads=nthreads):
-        tid = threadid()
-        team = cyf_team_size()
         for t in range(T):
-            gemv_team(out + t * N, x + t * K, W, b, K, N, w_t, act, accumulate,
-                      partials, accs + tid * GEMV_COLS, &counters[t], tid, team)
+            team = team_of(threadid(), cyf_team_size(), &counters[t])
+            gemv_team(out + t * N, x + t * K, W, K, N, w_t, ep, partials,
+                      accs + team.tid * GEMV_COLS, team)
             cyf_barrier()  # the partials are reused by the next row
 
 
@@ -302,9 +291,13 @@ cdef void embed(float* out, const long long* ids, const float* wte, const float*
         return
     for t in prange(T, num_threads=nthreads if nthreads < T else <int>T, schedule="static"):
         tok = wte + ids[t] * C
-        pos = wpe + (pos0 + t) * C
-        for c in range(C):
-            out[t * C + c] = tok[c] + pos[c]
+        if wpe == NULL:  # rotary models: positions enter in attention instead
+            for c in range(C):
+                out[t * C + c] = tok[c]
+        else:
+            pos = wpe + (pos0 + t) * C
+            for c in range(C):
+                out[t * C + c] = tok[c] + pos[c]
 
 
 # ---------------------------------------------------------------------------
@@ -464,16 +457,20 @@ def add_into(out, x, threads=None):
 
 
 def embedding(ids, wte, wpe, pos0=0, out=None, threads=None):
-    """out[t] = wte[ids[t]] + wpe[pos0 + t].  ids: 1-D integer array [T]."""
+    """out[t] = wte[ids[t]] + wpe[pos0 + t] (wpe None: wte[ids[t]] alone).
+    ids: 1-D integer array [T]."""
     fn = "embedding"
     f32(fn, "wte", wte, 2)
-    f32(fn, "wpe", wpe, 2)
     cdef Py_ssize_t C = wte.shape[1]
-    _checks.same_dim(fn, "wpe", wpe, 1, C, "wte.shape[1]")
+    if wpe is not None:
+        f32(fn, "wpe", wpe, 2)
+        _checks.same_dim(fn, "wpe", wpe, 1, C, "wte.shape[1]")
     ids = _checks.token_ids(fn, "ids", ids, wte.shape[0], ndim=1)
     cdef Py_ssize_t T = ids.shape[0]
     pos0 = _checks.integer(fn, "pos0", pos0)
-    if pos0 < 0 or pos0 + T > wpe.shape[0]:
+    if pos0 < 0:
+        raise ValueError(f"embedding: pos0 must be >= 0, got {pos0}")
+    if wpe is not None and pos0 + T > wpe.shape[0]:
         raise ValueError(f"embedding: positions {pos0}..{pos0 + T - 1} exceed the "
                          f"{wpe.shape[0]} rows of wpe")
     if out is None:

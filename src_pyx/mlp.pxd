@@ -1,10 +1,14 @@
-# The MLP block: linear -> GELU -> linear.
+# The MLP block: linear -> activation -> linear.
 
-# out (=|+=) gelu(x @ W_fc + b_fc) @ W_proj + b_proj
-# x [T, C], W_fc [C, D], W_proj [D, C], hidden [T, D] scratch (holds the
-# post-activation on return), scratch: the larger linalg.linear_scratch_size
-# of the two products.
-cdef void mlp(float* out, const float* x, const float* W_fc, const float* b_fc,
-              const float* W_proj, const float* b_proj, Py_ssize_t T, Py_ssize_t C,
-              Py_ssize_t D, int act, bint accumulate, float* hidden, float* scratch,
+# out (=|+=) act(x @ W_in + b_in) @ W_out + b_out; with act ACT_SWIGLU, W_in
+# [C, 2F] holds the gate and up products side by side (read in one pass) and
+# the hidden row is silu(gate) * up (Llama's SwiGLU).
+# x [T, C], W_in [C, F] or [C, 2F], W_out [F, C]; biases may be NULL.
+# hidden: mlp_hidden_size(T, F, act) floats (holds the post-activation [T, F]
+# at its start on return); scratch: the larger linalg.linear_scratch_size of
+# the two products.
+cdef Py_ssize_t mlp_hidden_size(Py_ssize_t T, Py_ssize_t F, int act) noexcept nogil
+cdef void mlp(float* out, const float* x, const float* W_in, const float* b_in,
+              const float* W_out, const float* b_out, Py_ssize_t T, Py_ssize_t C,
+              Py_ssize_t F, int act, bint accumulate, float* hidden, float* scratch,
               int nthreads) noexcept nogil

@@ -1,51 +1,70 @@
-"""The MLP block: linear -> GELU -> linear, with the GELU fused into the first
-product's epilogue and the residual add fused into the second's."""
+"""The MLP block: linear -> activation -> linear.  A GELU is fused into the
+first product's epilogue; SwiGLU's gate and up products are one product over
+their weights side by side, then one pass combines them.  The residual add is
+fused into the second product's epilogue."""
 
 import numpy as np
 
 cimport numpy as cnp
 
 from ._util cimport cptr, f32, wptr
-from .activations cimport ACT_NONE, ACT_GELU_NEW, ACT_GELU_ERF
+from .activations cimport ACT_NONE, ACT_SWIGLU, swiglu
 from .linalg cimport linear, linear_scratch_size, scratch_floats
 
+from .activations import GELU_KINDS
 from cyformer import _checks
 
 cnp.import_array()
 
-ACTIVATIONS = {"gelu_new": ACT_GELU_NEW, "gelu": ACT_GELU_ERF}
+MLP_KINDS = {**GELU_KINDS, "swiglu": ACT_SWIGLU}
 
 
-cdef void mlp(float* out, const float* x, const float* W_fc, const float* b_fc,
-              const float* W_proj, const float* b_proj, Py_ssize_t T, Py_ssize_t C,
-              Py_ssize_t D, int act, bint accumulate, float* hidden, float* scratch,
+cdef Py_ssize_t mlp_hidden_size(Py_ssize_t T, Py_ssize_t F, int act) noexcept nogil:
+    return T * F * (3 if act == ACT_SWIGLU else 1)  # [T, F] (+ the [T, 2F] gate | up)
+
+
+cdef void mlp(float* out, const float* x, const float* W_in, const float* b_in,
+              const float* W_out, const float* b_out, Py_ssize_t T, Py_ssize_t C,
+              Py_ssize_t F, int act, bint accumulate, float* hidden, float* scratch,
               int nthreads) noexcept nogil:
-    linear(hidden, x, W_fc, b_fc, T, C, D, False, act, False, scratch, nthreads)
-    linear(out, hidden, W_proj, b_proj, T, D, C, False, ACT_NONE, accumulate, scratch, nthreads)
+    if act == ACT_SWIGLU:
+        linear(hidden + T * F, x, W_in, b_in, T, C, 2 * F, False, ACT_NONE, False, scratch, nthreads)
+        swiglu(hidden, hidden + T * F, T, F, nthreads)
+    else:
+        linear(hidden, x, W_in, b_in, T, C, F, False, act, False, scratch, nthreads)
+    linear(out, hidden, W_out, b_out, T, F, C, False, ACT_NONE, accumulate, scratch, nthreads)
 
 
-def mlp_forward(x, W_fc, b_fc, W_proj, b_proj, out=None, *, activation="gelu_new",
+def mlp_forward(x, W_in, b_in, W_out, b_out, out=None, *, activation="gelu_new",
                 accumulate=False, threads=None, workspace=None):
-    """out (=|+=) gelu(x @ W_fc + b_fc) @ W_proj + b_proj.
+    """out (=|+=) act(x @ W_in + b_in) @ W_out + b_out.
 
-    x [T, C], W_fc [C, D], b_fc [D], W_proj [D, C], b_proj [C] -> out [T, C].
-    workspace: a linalg.Workspace for the hidden activations and scratch
-    (allocated per call when None).
+    x [T, C], W_in [C, F] ([C, 2F]: gate | up for activation "swiglu"),
+    b_in [F] or [2F] or None, W_out [F, C], b_out [C] or None -> out [T, C].
+    activation: "gelu_new", "gelu" or "swiglu".  workspace: a
+    linalg.Workspace for the hidden activations and scratch (allocated per
+    call when None).
     """
     fn = "mlp"
+    if not isinstance(activation, str) or activation not in MLP_KINDS:
+        raise ValueError(f"mlp: activation must be one of {sorted(MLP_KINDS)}, got {activation!r}")
+    cdef int act = MLP_KINDS[activation]
     f32(fn, "x", x, 2)
     cdef Py_ssize_t T = x.shape[0], C = x.shape[1]
-    f32(fn, "W_fc", W_fc, 2)
-    _checks.same_dim(fn, "W_fc", W_fc, 0, C, "x.shape[1]")
-    cdef Py_ssize_t D = W_fc.shape[1]
-    f32(fn, "b_fc", b_fc, 1)
-    _checks.shape(fn, "b_fc", b_fc, (D,))
-    f32(fn, "W_proj", W_proj, 2)
-    _checks.shape(fn, "W_proj", W_proj, (D, C))
-    f32(fn, "b_proj", b_proj, 1)
-    _checks.shape(fn, "b_proj", b_proj, (C,))
-    if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(f"mlp: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    f32(fn, "W_in", W_in, 2)
+    _checks.same_dim(fn, "W_in", W_in, 0, C, "x.shape[1]")
+    cdef Py_ssize_t N = W_in.shape[1]
+    if act == ACT_SWIGLU and N % 2:
+        raise ValueError(f"mlp: W_in must be [C, 2F] (gate | up) for swiglu, got {W_in.shape}")
+    cdef Py_ssize_t F = N // 2 if act == ACT_SWIGLU else N
+    if b_in is not None:
+        f32(fn, "b_in", b_in, 1)
+        _checks.shape(fn, "b_in", b_in, (N,))
+    f32(fn, "W_out", W_out, 2)
+    _checks.shape(fn, "W_out", W_out, (F, C))
+    if b_out is not None:
+        f32(fn, "b_out", b_out, 1)
+        _checks.shape(fn, "b_out", b_out, (C,))
     if out is None:
         if accumulate:
             raise ValueError("mlp: accumulate=True needs an out array to add into")
@@ -53,22 +72,22 @@ def mlp_forward(x, W_fc, b_fc, W_proj, b_proj, out=None, *, activation="gelu_new
     else:
         f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, C))
-        _checks.no_overlap(fn, "out", out, x=x, W_fc=W_fc, b_fc=b_fc, W_proj=W_proj, b_proj=b_proj)
-    if T == 0 or C == 0 or D == 0:
-        raise ValueError(f"mlp: empty dimension (T={T}, C={C}, D={D})")
+        _checks.no_overlap(fn, "out", out, x=x, W_in=W_in, b_in=b_in, W_out=W_out, b_out=b_out)
+    if T == 0 or C == 0 or F == 0:
+        raise ValueError(f"mlp: empty dimension (T={T}, C={C}, F={F})")
     cdef int nt = _checks.threads(fn, threads)
     cdef list keep = []
-    cdef float* ph = scratch_floats(fn, workspace, T * D + max(linear_scratch_size(T, C, D, False, nt),
-                                                               linear_scratch_size(T, D, C, False, nt)), keep)
-    cdef float* ps = ph + T * D
+    cdef Py_ssize_t nh = mlp_hidden_size(T, F, act)
+    cdef float* ph = scratch_floats(fn, workspace, nh + max(linear_scratch_size(T, C, N, False, nt),
+                                                            linear_scratch_size(T, F, C, False, nt)), keep)
+    cdef float* ps = ph + nh
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
-    cdef const float* pwf = cptr(W_fc)
-    cdef const float* pbf = cptr(b_fc)
-    cdef const float* pwp = cptr(W_proj)
-    cdef const float* pbp = cptr(b_proj)
-    cdef int act = ACTIVATIONS[activation]
+    cdef const float* pwi = cptr(W_in)
+    cdef const float* pbi = cptr(b_in)
+    cdef const float* pwo = cptr(W_out)
+    cdef const float* pbo = cptr(b_out)
     cdef bint acc = bool(accumulate)
     with nogil:
-        mlp(po, px, pwf, pbf, pwp, pbp, T, C, D, act, acc, ph, ps, nt)
+        mlp(po, px, pwi, pbi, pwo, pbo, T, C, F, act, acc, ph, ps, nt)
     return out

@@ -329,6 +329,29 @@ static inline void cyf_gelu_new_n(float *x, ptrdiff_t n)
     }
 }
 
+/* SwiGLU's gate: out[i] = silu(g[i]) * u[i], silu(x) = x / (1 + e^-x), the
+ * same lane arithmetic at every vector width (tail through a padded buffer). */
+static inline cyf_vt cyf_silu_v(cyf_vt x)
+{
+    cyf_vt y = x / (1.0f + cyf_exp(-x));
+    /* at x = -inf that is -inf / inf; the limit is 0 */
+    return cyf_select(x == -__builtin_inff(), (cyf_vt){0}, y);
+}
+
+static inline void cyf_swiglu_n(float *out, const float *g, const float *u, ptrdiff_t n)
+{
+    ptrdiff_t i = 0;
+    for (; i + CYF_VW <= n; i += CYF_VW)
+        cyf_store_t(out + i, cyf_silu_v(cyf_load_t(g + i)) * cyf_load_t(u + i));
+    if (i < n) {
+        float bg[CYF_VW] = {0}, bu[CYF_VW] = {0};
+        memcpy(bg, g + i, (size_t)(n - i) * sizeof(float));
+        memcpy(bu, u + i, (size_t)(n - i) * sizeof(float));
+        cyf_store_t(bg, cyf_silu_v(cyf_load_t(bg)) * cyf_load_t(bu));
+        memcpy(out + i, bg, (size_t)(n - i) * sizeof(float));
+    }
+}
+
 /* max(init, x[0..n)), NaNs never chosen (as with a scalar `if (x > m)`
  * loop); two vector chains instead of one serial compare. */
 static inline float cyf_max_n(const float *x, ptrdiff_t n, float init)

@@ -55,3 +55,47 @@ def edit_config(path, **changes):
     cfg.update(changes)
     with open(p, "w") as f:
         json.dump(cfg, f)
+
+
+LLAMA_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+                 "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                 "mistral": ("MistralConfig", "MistralForCausalLM")}
+
+
+def make_hf_llama(path, model_type="llama", seed=0, **geometry):
+    """Save a Llama-family model (LlamaForCausalLM, Qwen2ForCausalLM or
+    MistralForCausalLM) with every tensor random, norm gains included.
+    Returns the HF model (eval mode, float32)."""
+    import torch
+    import transformers
+
+    cfg_cls, model_cls = (getattr(transformers, n) for n in LLAMA_CLASSES[model_type])
+    torch.manual_seed(seed)
+    v = geometry.get("vocab_size", 128)
+    geometry.setdefault("bos_token_id", 1)
+    geometry.setdefault("eos_token_id", v - 1)
+    cfg = cfg_cls(**geometry)
+    model = model_cls(cfg).eval().float()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name or name == "lm_head.weight":
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            else:  # nn.Linear stores [out, in]: fan_in is the last axis
+                fan_in = p.shape[-1] if p.ndim == 2 else 16
+                p.copy_(torch.randn(p.shape, generator=gen) / np.sqrt(fan_in))
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+def hf_greedy(model, ids, n):
+    """transformers' greedy generate: the n new token ids."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.as_tensor([list(ids)]), max_new_tokens=n, do_sample=False,
+                             min_new_tokens=n, pad_token_id=0)
+    return out[0, len(ids):].tolist()

@@ -1,4 +1,4 @@
-"""The "naive" backend: GPT-2 in plain Python loops, written to be read.
+"""The "naive" backend: the transformer in plain Python loops, written to be read.
 
 This is the computational view of a transformer: each position owns a
 residual-stream ``State`` (d_model floats) that layers can only *query*
@@ -6,19 +6,28 @@ residual-stream ``State`` (d_model floats) that layers can only *query*
 next state).  The embedding is a lookup table of states; an attention head
 scores every visible earlier position (QK), turns the scores into weights
 with a softmax and writes a weighted sum of values back (OV); an MLP is a
-list of neurons, each reading one number, passing it through GELU and
-writing one vector; the unembedding gives one logit per vocabulary entry.
+list of neurons, each reading one number, passing it through a nonlinearity
+and writing one vector; the unembedding gives one logit per vocabulary entry.
 
-That view leaves out details GPT-2 cannot do without.  They are here too,
-each marked "GPT-2:" where it happens:
-  * position embeddings: a learned table, added to the token's embedding;
-  * layer norm: attention and the MLP read a normalised copy of the state
-    (ln_1, ln_2), and the unembedding reads ln_f of the final state.  The
-    updates still go into the raw, un-normalised stream;
-  * biases after every linear map (query, key, value, output, neuron read,
-    MLP output);
+That view leaves out details real models cannot do without.  They are here
+too, each marked "GPT-2:" or "Llama:" where it happens:
+  * positions.  GPT-2: a learned table, added to the token's embedding.
+    Llama: nothing is added; instead each head's query and key vectors are
+    turned by angles proportional to their position (rotary embeddings), so
+    a score depends on what the two positions hold and how far apart they are;
+  * normalisation: attention and the MLP read a normalised copy of the state
+    (norm_1, norm_2), and the unembedding reads norm_f of the final state.
+    The updates still go into the raw, un-normalised stream.  GPT-2: layer
+    norm (zero mean, unit variance, gain and bias).  Llama: RMSNorm (unit
+    root-mean-square, gain only);
+  * biases after the linear maps.  GPT-2: everywhere.  Llama: none (Qwen2:
+    on the query, key and value reads);
   * scores are divided by sqrt(d_head) before the softmax;
-  * the nonlinearity is GELU (tanh approximation, or erf for "gelu").
+  * the nonlinearity.  GPT-2: GELU.  Llama: SwiGLU, a neuron with two reads,
+    the gate through silu times the plain "up" read;
+  * Llama: grouped-query attention.  Several heads share one key/value head:
+    they ask different questions (their own queries) of the same keys and
+    values, so the cache holds one copy per key/value head.
 
 Arithmetic is Python floats (float64), so it is at least as accurate as the
 float32 backends; only the returned logits are converted to float32.  NumPy
@@ -34,8 +43,9 @@ import math
 
 import numpy as np
 
+from .. import rope
 from ..config import Config
-from ..weights import BlockWeights, LayerNormWeights, Weights
+from ..weights import BlockWeights, NormWeights, Weights
 
 
 def dot(a, b):
@@ -90,13 +100,23 @@ def gelu_erf(x):
     return 0.5 * x * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
+def silu(x):
+    """Llama: x times the logistic sigmoid of x (SwiGLU's gate)."""
+    return x / (1.0 + math.exp(-x)) if x > -700 else 0.0
+
+
 GELU = {"gelu_new": gelu_new, "gelu": gelu_erf}
+
+
+def listed(a, n):
+    """a weight array as a list, or n zeros where the family has no such bias."""
+    return [0.0] * n if a is None else a.tolist()
 
 
 class LayerNorm:
     """GPT-2: rescale a state to zero mean and unit variance, then apply a gain and a bias."""
 
-    def __init__(self, w: LayerNormWeights, eps):
+    def __init__(self, w: NormWeights, eps):
         self.gain, self.bias, self.eps = w.weight.tolist(), w.bias.tolist(), eps
 
     def apply(self, state: State) -> State:
@@ -107,53 +127,105 @@ class LayerNorm:
         return State((v - mean) * inv * g + b for v, g, b in zip(state.x, self.gain, self.bias))
 
 
+class RMSNorm:
+    """Llama: rescale a state to unit root-mean-square, then apply a gain (no
+    centring, no bias)."""
+
+    def __init__(self, w: NormWeights, eps):
+        self.gain, self.eps = w.weight.tolist(), eps
+
+    def apply(self, state: State) -> State:
+        ms = sum(v * v for v in state.x) / len(state.x)
+        inv = 1.0 / math.sqrt(ms + self.eps)
+        return State(v * inv * g for v, g in zip(state.x, self.gain))
+
+
+NORMS = {"layer_norm": LayerNorm, "rms_norm": RMSNorm}
+
+
 class Embedding:
     """A lookup table: one starting state per token id (wte), plus, GPT-2: one
-    learned state per position (wpe), added in."""
+    learned state per position (wpe), added in.  Llama: no position table."""
 
     def __init__(self, wte, wpe):
-        self.tokens = [State(row) for row in wte.tolist()]  # V states
-        self.positions = wpe.tolist()                       # P vectors of d_model
+        self.tokens = [State(row) for row in wte.tolist()]       # V states
+        self.positions = None if wpe is None else wpe.tolist()   # P vectors of d_model
 
     def apply(self, token, position) -> State:
+        if self.positions is None:
+            return self.tokens[token]
         return self.tokens[token].update(self.positions[position])
 
 
-class AttnHead:
-    """One head.  Its query, key and value vectors each have d_head entries;
-    entry j is the state queried with one d_model vector (a column of c_attn)
-    plus a bias.  W_O holds d_head write vectors: the head's output is their
-    sum weighted by the entries of the mixed value vector."""
+class Rotary:
+    """Llama: turn a query or key vector by its position.  Entry i pairs with
+    entry i + d_head/2, and the pair turns by the angle position x freq[i]:
+    fast for the first pairs, slow for the last.  The cosines and sines come
+    from cyformer.rope, the tables every backend uses."""
 
-    def __init__(self, W_Q, b_Q, W_K, b_K, W_V, b_V, W_O, d_head):
-        self.W_Q, self.b_Q = W_Q, b_Q  # d_head read vectors of d_model, d_head biases
-        self.W_K, self.b_K = W_K, b_K
+    def __init__(self, cfg):
+        cos, sin = rope.tables(cfg)
+        self.cos, self.sin = cos.tolist(), sin.tolist()
+
+    def apply(self, vec, position):
+        half = len(vec) // 2
+        c, s = self.cos[position], self.sin[position]
+        a, b = vec[:half], vec[half:]
+        return ([x * ci - y * si for x, y, ci, si in zip(a, b, c, s)]
+                + [y * ci + x * si for x, y, ci, si in zip(a, b, c, s)])
+
+
+def project(state, reads, biases):
+    """The state queried with each read vector, plus its bias."""
+    return [state.query(r) + b for r, b in zip(reads, biases)]
+
+
+class KVHead:
+    """What a position offers to be found by (its key) and what it hands over
+    when found (its value): d_head reads each.  GPT-2: one per head.  Llama:
+    one shared by a group of query heads."""
+
+    def __init__(self, W_K, b_K, W_V, b_V):
+        self.W_K, self.b_K = W_K, b_K   # d_head read vectors of d_model, d_head biases
         self.W_V, self.b_V = W_V, b_V
+
+    def append(self, states, positions, keys, values, rotary):
+        """Each new position's key and value onto this head's cached lists."""
+        for state, p in zip(states, positions):
+            k = project(state, self.W_K, self.b_K)
+            keys.append(rotary.apply(k, p) if rotary else k)
+            values.append(project(state, self.W_V, self.b_V))
+
+
+class AttnHead:
+    """One head.  Its query vector has d_head entries; entry j is the state
+    queried with one d_model vector (a column of c_attn) plus a bias.  W_O
+    holds d_head write vectors: the head's output is their sum weighted by
+    the entries of the mixed value vector."""
+
+    def __init__(self, W_Q, b_Q, kv_index, W_O, d_head):
+        self.W_Q, self.b_Q = W_Q, b_Q   # d_head read vectors of d_model, d_head biases
+        self.kv_index = kv_index        # which key/value head it asks (Llama: shared)
         self.W_O = W_O                  # d_head write vectors of d_model
-        self.scale = 1.0 / math.sqrt(d_head)  # GPT-2: scores are divided by sqrt(d_head)
+        self.scale = 1.0 / math.sqrt(d_head)  # scores are divided by sqrt(d_head)
 
-    @staticmethod
-    def project(state, reads, biases):
-        return [state.query(r) + b for r, b in zip(reads, biases)]
-
-    def apply(self, states, keys, values):
-        """states: the normalised states of the new positions, in order.
-        keys, values: this head's cached vectors of all earlier positions;
-        each new position's key and value are appended.  Returns one update
-        per new position."""
+    def apply(self, states, positions, keys, values, rotary):
+        """states: the normalised states of the new positions, at ``positions``.
+        keys, values: the key/value head's vectors of every position so far,
+        the new ones included.  Returns one update per new position."""
         updates = []
-        for state in states:
-            q = self.project(state, self.W_Q, self.b_Q)
-            keys.append(self.project(state, self.W_K, self.b_K))
-            values.append(self.project(state, self.W_V, self.b_V))
-            # This position sees itself and every earlier one, never a later one:
-            # the keys list holds exactly those (causal attention).
-            scores = [dot(q, k) * self.scale for k in keys]       # QK circuit
+        for state, p in zip(states, positions):
+            q = project(state, self.W_Q, self.b_Q)
+            if rotary:
+                q = rotary.apply(q, p)
+            # Position p sees itself and every earlier one, never a later one
+            # (causal attention): keys 0 .. p.
+            scores = [dot(q, k) * self.scale for k in keys[:p + 1]]   # QK circuit
             weights = softmax(scores)
             mixed = [0.0] * len(q)
             for w, v in zip(weights, values):
                 mixed = added(mixed, scaled(w, v))
-            update = [0.0] * len(self.W_O[0])                      # OV circuit
+            update = [0.0] * len(self.W_O[0])                           # OV circuit
             for z, write in zip(mixed, self.W_O):
                 update = added(update, scaled(z, write))
             updates.append(update)
@@ -163,14 +235,17 @@ class AttnHead:
 class AttnLayer:
     """The only place positions mix: every head's update, summed, plus (GPT-2) c_proj's bias."""
 
-    def __init__(self, heads, bias):
-        self.heads, self.bias = heads, bias
+    def __init__(self, heads, kv_heads, bias, rotary):
+        self.heads, self.kv_heads, self.bias, self.rotary = heads, kv_heads, bias, rotary
 
-    def apply(self, states, keys, values):
-        """keys[h], values[h]: head h's cached vectors, one per earlier position."""
+    def apply(self, states, positions, keys, values):
+        """keys[g], values[g]: key/value head g's cached vectors, one per earlier position."""
+        for g, kv in enumerate(self.kv_heads):
+            kv.append(states, positions, keys[g], values[g], self.rotary)
         updates = [list(self.bias) for _ in states]
-        for h, head in enumerate(self.heads):
-            for i, u in enumerate(head.apply(states, keys[h], values[h])):
+        for head in self.heads:
+            g = head.kv_index
+            for i, u in enumerate(head.apply(states, positions, keys[g], values[g], self.rotary)):
                 updates[i] = added(updates[i], u)
         return updates
 
@@ -184,6 +259,24 @@ class Neuron:
     def __init__(self, read, bias, write):
         self.read, self.bias, self.write = read, bias, write
 
+    def activation(self, state, nonlinear):
+        return nonlinear(state.query(self.read) + self.bias)
+
+
+class GatedNeuron:
+    """Llama: reads two numbers, the gate and the "up" value; its activation
+    is silu(gate) times up, so the gate decides how much of up gets written."""
+
+    __slots__ = ("gate", "gate_bias", "up", "up_bias", "write")
+
+    def __init__(self, gate, gate_bias, up, up_bias, write):
+        self.gate, self.gate_bias, self.up, self.up_bias = gate, gate_bias, up, up_bias
+        self.write = write
+
+    def activation(self, state, nonlinear):
+        return (silu(state.query(self.gate) + self.gate_bias)
+                * (state.query(self.up) + self.up_bias))
+
 
 class MLPLayer:
     """d_mlp neurons, each independent of the others, on one position."""
@@ -192,41 +285,49 @@ class MLPLayer:
         self.neurons, self.bias, self.nonlinear = neurons, bias, nonlinear
 
     def apply(self, state: State):
-        update = list(self.bias)  # GPT-2: c_proj's bias
+        update = list(self.bias)  # GPT-2: c_proj's bias (Llama: zeros)
         for n in self.neurons:
-            act = self.nonlinear(state.query(n.read) + n.bias)
-            update = added(update, scaled(act, n.write))
+            update = added(update, scaled(n.activation(state, self.nonlinear), n.write))
         return update
 
 
 class ResBlock:
-    """Attention then MLP, each reading a layer-normed copy of the stream."""
+    """Attention then MLP, each reading a normalised copy of the stream."""
 
-    def __init__(self, w: BlockWeights, cfg: Config):
-        C, H, D = cfg.n_embd, cfg.n_head, cfg.d_head
-        reads = w.c_attn.weight.T.tolist()   # 3C read vectors: q | k | v, head by head
-        biases = w.c_attn.bias.tolist()      # 3C
-        writes = w.attn_c_proj.weight.tolist()  # C write vectors: head h owns rows h*D .. h*D+D-1
+    def __init__(self, w: BlockWeights, cfg: Config, rotary):
+        C, H, G, D, F = cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.d_head, cfg.d_mlp
+        reads = w.c_attn.weight.T.tolist()           # (H + 2G) D read vectors: q | k | v heads
+        biases = listed(w.c_attn.bias, (H + 2 * G) * D)
+        writes = w.attn_c_proj.weight.tolist()       # H D write vectors: head h owns rows h*D .. h*D+D-1
 
-        def part(rows, which, h):  # head h's D rows of q (0), k (1) or v (2)
-            start = which * C + h * D
-            return rows[start:start + D]
+        def rows(lst, head):  # the D rows of head `head`, counted over q, k, v heads in turn
+            return lst[head * D:(head + 1) * D]
 
-        heads = [AttnHead(part(reads, 0, h), part(biases, 0, h), part(reads, 1, h), part(biases, 1, h),
-                          part(reads, 2, h), part(biases, 2, h), writes[h * D:(h + 1) * D], D)
+        kv_heads = [KVHead(rows(reads, H + g), rows(biases, H + g),
+                           rows(reads, H + G + g), rows(biases, H + G + g)) for g in range(G)]
+        heads = [AttnHead(rows(reads, h), rows(biases, h), h // (H // G), rows(writes, h), D)
                  for h in range(H)]
-        self.ln_1 = LayerNorm(w.ln_1, cfg.layer_norm_epsilon)
-        self.attn = AttnLayer(heads, w.attn_c_proj.bias.tolist())
-        self.ln_2 = LayerNorm(w.ln_2, cfg.layer_norm_epsilon)
-        neurons = [Neuron(r, b, wr) for r, b, wr in
-                   zip(w.c_fc.weight.T.tolist(), w.c_fc.bias.tolist(), w.mlp_c_proj.weight.tolist())]
-        self.mlp = MLPLayer(neurons, w.mlp_c_proj.bias.tolist(), GELU[cfg.gelu])
+        Norm = NORMS[cfg.norm]
+        self.norm_1 = Norm(w.ln_1, cfg.norm_eps)
+        self.attn = AttnLayer(heads, kv_heads, listed(w.attn_c_proj.bias, C), rotary)
+        self.norm_2 = Norm(w.ln_2, cfg.norm_eps)
+        fc_reads = w.c_fc.weight.T.tolist()
+        fc_bias = listed(w.c_fc.bias, len(fc_reads))
+        out = w.mlp_c_proj.weight.tolist()
+        if cfg.gated:  # the first F reads are the gates, the next F the up values
+            neurons = [GatedNeuron(fc_reads[n], fc_bias[n], fc_reads[F + n], fc_bias[F + n], out[n])
+                       for n in range(F)]
+            nonlinear = None
+        else:
+            neurons = [Neuron(r, b, wr) for r, b, wr in zip(fc_reads, fc_bias, out)]
+            nonlinear = GELU[cfg.gelu]
+        self.mlp = MLPLayer(neurons, listed(w.mlp_c_proj.bias, C), nonlinear)
 
-    def apply(self, states, keys, values):
+    def apply(self, states, positions, keys, values):
         """The next states of the new positions."""
-        updates = self.attn.apply([self.ln_1.apply(s) for s in states], keys, values)
+        updates = self.attn.apply([self.norm_1.apply(s) for s in states], positions, keys, values)
         states = [s.update(u) for s, u in zip(states, updates)]
-        return [s.update(self.mlp.apply(self.ln_2.apply(s))) for s in states]
+        return [s.update(self.mlp.apply(self.norm_2.apply(s))) for s in states]
 
 
 class Unembedding:
@@ -241,21 +342,22 @@ class Unembedding:
 
 
 class NaiveCache:
-    """What attention needs of earlier positions: keys[layer][head] and
-    values[layer][head] are lists with one d_head vector per position."""
+    """What attention needs of earlier positions: keys[layer][g] and
+    values[layer][g] are lists with one d_head vector per position, for each
+    key/value head g."""
 
     def __init__(self, cfg: Config, capacity):
         cap = int(capacity)
         if not 1 <= cap <= cfg.n_positions:
             raise ValueError(f"NaiveCache: capacity must be in [1, {cfg.n_positions}], got {capacity}")
         self.capacity = cap
-        self.keys = [[[] for _ in range(cfg.n_head)] for _ in range(cfg.n_layer)]
-        self.values = [[[] for _ in range(cfg.n_head)] for _ in range(cfg.n_layer)]
+        self.keys = [[[] for _ in range(cfg.n_kv_head)] for _ in range(cfg.n_layer)]
+        self.values = [[[] for _ in range(cfg.n_kv_head)] for _ in range(cfg.n_layer)]
         self.length = 0
 
 
 class NaiveBackend:
-    """Embedding, residual blocks, final layer norm and unembedding, in loops."""
+    """Embedding, residual blocks, final norm and unembedding, in loops."""
 
     name = "naive"
 
@@ -273,9 +375,10 @@ class NaiveBackend:
         """Convert the weights to Python lists once (slow and large: see the module doc)."""
         if self._model is None:
             w, cfg = self.weights, self.config
+            rotary = Rotary(cfg) if cfg.position == "rotary" else None
             self._model = (Embedding(w.wte, w.wpe),
-                           [ResBlock(b, cfg) for b in w.blocks],
-                           LayerNorm(w.ln_f, cfg.layer_norm_epsilon),  # GPT-2: a last layer norm
+                           [ResBlock(b, cfg, rotary) for b in w.blocks],
+                           NORMS[cfg.norm](w.ln_f, cfg.norm_eps),  # a last norm
                            Unembedding(w.lm_head))
         return self._model
 
@@ -287,9 +390,10 @@ class NaiveBackend:
         if past + len(tokens) > kv.capacity:
             raise ValueError(f"run: {past} cached + {len(tokens)} new positions exceed the cache's "
                              f"capacity of {kv.capacity}")
-        states = [embedding.apply(t, past + i) for i, t in enumerate(tokens)]
+        positions = [past + i for i in range(len(tokens))]
+        states = [embedding.apply(t, p) for t, p in zip(tokens, positions)]
         for layer, block in enumerate(blocks):
-            states = block.apply(states, kv.keys[layer], kv.values[layer])
+            states = block.apply(states, positions, kv.keys[layer], kv.values[layer])
         kv.length = past + len(tokens)
         if last_only:
             states = states[-1:]

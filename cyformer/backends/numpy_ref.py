@@ -1,17 +1,22 @@
-"""The "numpy" backend: GPT-2's forward pass as vectorised NumPy, attention in einsum form.
+"""The "numpy" backend: the forward pass as vectorised NumPy, attention in einsum form.
 
 A reference to check the kernels against, not a fast path: pure functions,
 bottom-up, every line with its shape.  The model reads
 
-    resid  = wte[ids] + wpe[positions]             # embed
+    resid  = wte[ids] (+ wpe[positions])           # embed
     for each block:
-        resid = resid + attn(ln_1(resid))          # the only step where positions mix
-        resid = resid + mlp(ln_2(resid))           # one position at a time
-    logits = ln_f(resid) @ lm_head.T               # unembed
+        resid = resid + attn(norm_1(resid))        # the only step where positions mix
+        resid = resid + mlp(norm_2(resid))         # one position at a time
+    logits = norm_f(resid) @ lm_head.T             # unembed
+
+with the family's choices (cyformer.arch): layer norm or RMSNorm, learned or
+rotary positions, GELU or SwiGLU, G key/value heads shared by groups of the H
+query heads.
 
 Letters: T new positions (queries), S = past + T visible positions (keys),
-C = d_model, H heads, D = d_head, M = d_mlp, V vocabulary.  In the einsum
-strings s/q/k are positions, d is d_model, n is the head, h is d_head.
+C = d_model, H query heads, G key/value heads, D = d_head, F = d_mlp,
+V vocabulary.  In the einsum strings s/q/k are positions, d is d_model, n is
+the query head, g the key/value head, h is d_head.
 
 Everything is float32, like the compiled kernels: NumPy keeps float32 inputs
 in float32 (it accumulates pairwise or in BLAS, so the last bits differ from
@@ -23,8 +28,9 @@ import math
 
 import numpy as np
 
+from .. import rope
 from ..config import Config
-from ..weights import BlockWeights, LayerNormWeights, Weights
+from ..weights import BlockWeights, NormWeights, Weights
 
 F32 = np.float32
 
@@ -35,11 +41,20 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 # -- building blocks ------------------------------------------------------
 
-def layer_norm(x, w: LayerNormWeights, eps):
+def layer_norm(x, w: NormWeights, eps):
     """x [T, C] -> [T, C]: zero mean, unit variance per position, then gain and bias."""
     mean = x.mean(axis=-1, keepdims=True)                      # [T, 1]
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)       # [T, 1] biased variance, as in PyTorch
     return (x - mean) / np.sqrt(var + F32(eps)) * w.weight + w.bias  # [T, C]
+
+
+def rms_norm(x, w: NormWeights, eps):
+    """x [T, C] -> [T, C]: unit root-mean-square per position, then gain (no centring, no bias)."""
+    ms = (x * x).mean(axis=-1, keepdims=True)                  # [T, 1]
+    return x / np.sqrt(ms + F32(eps)) * w.weight               # [T, C]
+
+
+NORMS = {"layer_norm": layer_norm, "rms_norm": rms_norm}
 
 
 def gelu_new(x):
@@ -51,6 +66,11 @@ def gelu_erf(x):
     """The exact GELU: 0.5 x (1 + erf(x / sqrt(2)))."""
     erf = _erf(x.astype(np.float64) / math.sqrt(2)).astype(F32)  # [..] same shape as x
     return F32(0.5) * x * (F32(1) + erf)
+
+
+def silu(x):
+    """x * sigmoid(x), SwiGLU's gate activation."""
+    return x / (F32(1) + np.exp(-x))
 
 
 GELU = {"gelu_new": gelu_new, "gelu": gelu_erf}
@@ -68,90 +88,115 @@ def softmax(x):
 class NumpyCache:
     """Keys and values of earlier positions for one sequence.
 
-    k[layer], v[layer]  [H, capacity, D], positions 0 .. length-1 filled.
+    k[layer], v[layer]  [G, capacity, D], positions 0 .. length-1 filled.
     """
 
     def __init__(self, cfg: Config, capacity):
         cap = int(capacity)
         if not 1 <= cap <= cfg.n_positions:
             raise ValueError(f"NumpyCache: capacity must be in [1, {cfg.n_positions}], got {capacity}")
-        H, D = cfg.n_head, cfg.d_head
+        G, D = cfg.n_kv_head, cfg.d_head
         self.capacity = cap
-        self.k = [np.zeros((H, cap, D), dtype=F32) for _ in range(cfg.n_layer)]  # L x [H, cap, D]
-        self.v = [np.zeros((H, cap, D), dtype=F32) for _ in range(cfg.n_layer)]  # L x [H, cap, D]
+        self.k = [np.zeros((G, cap, D), dtype=F32) for _ in range(cfg.n_layer)]  # L x [G, cap, D]
+        self.v = [np.zeros((G, cap, D), dtype=F32) for _ in range(cfg.n_layer)]  # L x [G, cap, D]
         self.length = 0
 
 
 # -- the layers -----------------------------------------------------------
 
-class Attention:
-    """Multi-head causal self-attention with per-head weight views.
+def _bias(b, *shape):
+    """A bias reshaped, or a scalar 0 for a family without it."""
+    return F32(0) if b is None else b.reshape(shape)
 
-    c_attn's weight [C, 3C] holds q | k | v side by side, each as H blocks of D
-    columns; reshaping it to [C, 3, H, D] and moving axes gives W_Q, W_K, W_V
-    [H, C, D] as views of the loaded array (nothing copied).  c_proj's weight
-    [C, C] reads the heads' concatenated outputs, so its rows split into
-    W_O [H, D, C], again a view.
+
+class Attention:
+    """Causal self-attention with per-head weight views.
+
+    c_attn's weight [C, (H + 2G) D] holds q | k | v side by side: H query
+    heads, then G key and G value heads, each D columns; slicing and
+    reshaping gives W_Q [H, C, D] and W_K, W_V [G, C, D] as views of the
+    loaded array (nothing copied).  c_proj's weight [H D, C] reads the
+    heads' concatenated outputs, so its rows split into W_O [H, D, C].
+    Query head n reads key/value head n // (H / G).
     """
 
-    def __init__(self, w: BlockWeights, cfg: Config):
-        C, H, D = cfg.n_embd, cfg.n_head, cfg.d_head
-        qkv = w.c_attn.weight.reshape(C, 3, H, D).transpose(1, 2, 0, 3)  # [3, H, C, D] view
-        self.W_Q, self.W_K, self.W_V = qkv                                # each [H, C, D]
-        self.b_Q, self.b_K, self.b_V = w.c_attn.bias.reshape(3, H, D)     # each [H, D]
-        self.W_O = w.attn_c_proj.weight.reshape(H, D, C)                  # [H, D, C] view
-        self.b_O = w.attn_c_proj.bias                                     # [C]
+    def __init__(self, w: BlockWeights, cfg: Config, rope_tables):
+        C, H, G, D = cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.d_head
+        W = w.c_attn.weight
+        self.W_Q = W[:, :H * D].reshape(C, H, D).transpose(1, 0, 2)             # [H, C, D] view
+        self.W_K = W[:, H * D:(H + G) * D].reshape(C, G, D).transpose(1, 0, 2)  # [G, C, D] view
+        self.W_V = W[:, (H + G) * D:].reshape(C, G, D).transpose(1, 0, 2)       # [G, C, D] view
+        b = w.c_attn.bias
+        self.b_Q = _bias(None if b is None else b[:H * D], H, 1, D)             # [H, 1, D] or 0
+        self.b_K = _bias(None if b is None else b[H * D:(H + G) * D], G, 1, D)  # [G, 1, D] or 0
+        self.b_V = _bias(None if b is None else b[(H + G) * D:], G, 1, D)
+        self.W_O = w.attn_c_proj.weight.reshape(H, D, C)                       # [H, D, C] view
+        self.b_O = _bias(w.attn_c_proj.bias, C)                                 # [C] or 0
+        self.group = H // G
+        self.rope = rope_tables
         self.scale = F32(1 / math.sqrt(D))
 
     def __call__(self, x, k_cache, v_cache, past):
-        """x [T, C] (after ln_1) for positions past .. past+T-1 -> update [T, C].
+        """x [T, C] (after norm_1) for positions past .. past+T-1 -> update [T, C].
 
-        Writes this step's keys and values into k_cache, v_cache [H, cap, D]."""
+        Writes this step's keys and values into k_cache, v_cache [G, cap, D]."""
         T = x.shape[0]
         S = past + T
         # 1. project the stream into each head's query, key and value spaces
-        q = np.einsum("s d, n d h -> s n h", x, self.W_Q) + self.b_Q    # [T, H, D]
-        k = np.einsum("s d, n d h -> n s h", x, self.W_K) + self.b_K[:, None]  # [H, T, D]
-        v = np.einsum("s d, n d h -> n s h", x, self.W_V) + self.b_V[:, None]  # [H, T, D]
-        k_cache[:, past:S] = k                                          # [H, S, D] filled
+        q = np.einsum("s d, n d h -> n s h", x, self.W_Q) + self.b_Q    # [H, T, D]
+        k = np.einsum("s d, g d h -> g s h", x, self.W_K) + self.b_K    # [G, T, D]
+        v = np.einsum("s d, g d h -> g s h", x, self.W_V) + self.b_V    # [G, T, D]
+        if self.rope is not None:  # 2. turn queries and keys by their positions
+            cos, sin = (t[past:S] for t in self.rope)                    # [T, D/2]
+            q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+        k_cache[:, past:S] = k                                          # [G, S, D] filled
         v_cache[:, past:S] = v
-        keys, values = k_cache[:, :S], v_cache[:, :S]                   # [H, S, D] incl. cached
-        # 2. QK: how much each query position attends to each key position
-        scores = np.einsum("q n h, n k h -> n q k", q, keys) * self.scale  # [H, T, S]
-        # 3. causal mask: query i sits at position past + i and sees keys 0 .. past + i
+        # each query head reads the key/value head of its group
+        keys = np.repeat(k_cache[:, :S], self.group, axis=0)            # [H, S, D]
+        values = np.repeat(v_cache[:, :S], self.group, axis=0)          # [H, S, D]
+        # 3. QK: how much each query position attends to each key position
+        scores = np.einsum("n q h, n k h -> n q k", q, keys) * self.scale  # [H, T, S]
+        # 4. causal mask: query i sits at position past + i and sees keys 0 .. past + i
         future = np.triu(np.ones((T, S), dtype=bool), k=past + 1)      # [T, S] True = masked
         scores = np.where(future, F32(-np.inf), scores)                # [H, T, S]
         pattern = softmax(scores)                                      # [H, T, S] rows sum to 1
-        # 4. OV: mix the visible values, then write each head back to the stream
+        # 5. OV: mix the visible values, then write each head back to the stream
         z = np.einsum("n q k, n k h -> q n h", pattern, values)        # [T, H, D]
         return np.einsum("q n h, n h d -> q d", z, self.W_O) + self.b_O  # [T, C] summed over heads
 
 
 class MLP:
-    """d_mlp neurons: read from the stream (c_fc), GELU, write back (c_proj)."""
+    """F neurons: read from the stream (c_fc), activate, write back (c_proj).
+    SwiGLU has two reads per neuron, a gate and an "up" value:
+    silu(x @ W_gate) * (x @ W_up)."""
 
     def __init__(self, w: BlockWeights, cfg: Config):
-        self.c_fc, self.c_proj = w.c_fc, w.mlp_c_proj
-        self.act = GELU[cfg.gelu]
+        self.c_fc, self.c_proj, self.gated = w.c_fc, w.mlp_c_proj, cfg.gated
+        self.act = None if cfg.gated else GELU[cfg.gelu]
 
     def __call__(self, x):
-        """x [T, C] (after ln_2) -> update [T, C]."""
-        h = self.act(x @ self.c_fc.weight + self.c_fc.bias)  # [T, M]
-        return h @ self.c_proj.weight + self.c_proj.bias     # [T, C]
+        """x [T, C] (after norm_2) -> update [T, C]."""
+        pre = x @ self.c_fc.weight + _bias(self.c_fc.bias, -1)  # [T, F] or [T, 2F]: gate | up
+        if self.gated:
+            gate, up = np.split(pre, 2, axis=-1)                 # [T, F] each
+            h = silu(gate) * up                                  # [T, F]
+        else:
+            h = self.act(pre)                                    # [T, F]
+        return h @ self.c_proj.weight + _bias(self.c_proj.bias, -1)  # [T, C]
 
 
 class Block:
-    """One residual block: resid += attn(ln_1(resid)); resid += mlp(ln_2(resid))."""
+    """One residual block: resid += attn(norm_1(resid)); resid += mlp(norm_2(resid))."""
 
-    def __init__(self, w: BlockWeights, cfg: Config):
-        self.w, self.eps = w, cfg.layer_norm_epsilon
-        self.attn = Attention(w, cfg)
+    def __init__(self, w: BlockWeights, cfg: Config, rope_tables):
+        self.w, self.eps, self.norm = w, cfg.norm_eps, NORMS[cfg.norm]
+        self.attn = Attention(w, cfg, rope_tables)
         self.mlp = MLP(w, cfg)
 
     def __call__(self, resid, k_cache, v_cache, past):
         """resid [T, C] -> the next resid [T, C]."""
-        resid = resid + self.attn(layer_norm(resid, self.w.ln_1, self.eps), k_cache, v_cache, past)  # [T, C]
-        return resid + self.mlp(layer_norm(resid, self.w.ln_2, self.eps))  # [T, C]
+        resid = resid + self.attn(self.norm(resid, self.w.ln_1, self.eps), k_cache, v_cache, past)  # [T, C]
+        return resid + self.mlp(self.norm(resid, self.w.ln_2, self.eps))  # [T, C]
 
 
 class NumpyBackend:
@@ -163,7 +208,8 @@ class NumpyBackend:
         self.config = cfg
         self.weights = weights
         self.threads = threads  # unused: NumPy's BLAS threads itself
-        self.blocks = [Block(w, cfg) for w in weights.blocks]
+        tables = rope.tables(cfg) if cfg.position == "rotary" else None
+        self.blocks = [Block(w, cfg, tables) for w in weights.blocks]
 
     def new_cache(self, capacity, reuse=False):
         """reuse: part of the shared interface; a new cache every time here."""
@@ -178,11 +224,13 @@ class NumpyBackend:
         if past + T > kv.capacity:
             raise ValueError(f"run: {past} cached + {T} new positions exceed the cache's "
                              f"capacity of {kv.capacity}")
-        resid = w.wte[ids] + w.wpe[past:past + T]              # [T, C]
+        resid = w.wte[ids]                                     # [T, C]
+        if w.wpe is not None:
+            resid = resid + w.wpe[past:past + T]               # [T, C] learned positions
         for i, block in enumerate(self.blocks):
             resid = block(resid, kv.k[i], kv.v[i], past)       # [T, C]
         kv.length = past + T
         if last_only:
             resid = resid[-1:]                                 # [1, C]
-        x = layer_norm(resid, w.ln_f, cfg.layer_norm_epsilon)  # [T, C]
+        x = NORMS[cfg.norm](resid, w.ln_f, cfg.norm_eps)       # [T, C]
         return np.ascontiguousarray(x @ w.lm_head.T, dtype=F32)  # [T, V]

@@ -8,17 +8,19 @@
     logit_lens(model, "def add(a, b):")
     direct_logit_attribution(model, ids, token)
 
-hooks    hook names and shapes, HookPoints, ActivationCache
-parts    heads, neurons, the unembedding; FactoredMatrix for circuits
+(hook names, HookPoints and ActivationCache live in cyformer.hooks; heads,
+neurons, the unembedding and FactoredMatrix in cyformer.parts: the Model
+hands them out.  Both are re-exported here.)
 lens     logit lens and direct logit attribution
 export   attention patterns as PNG (matplotlib) or self-contained HTML
 cost     what caching everything costs next to a plain forward
 """
 
 from .export import PlotUnavailable, attention_patterns, save_html, save_png
-from .hooks import ActivationCache, HookPoints, hook_names
-from .lens import LogitAttribution, LogitLens, direct_logit_attribution, logit_lens, token_labels
-from .parts import FactoredMatrix
+from ..hooks import ActivationCache, HookPoints, hook_names
+from .lens import LogitAttribution, LogitLens, direct_logit_attribution, logit_lens
+from .tokens import token_labels
+from ..parts import FactoredMatrix
 
 __all__ = ["ActivationCache", "HookPoints", "hook_names", "FactoredMatrix", "logit_lens",
            "LogitLens", "direct_logit_attribution", "LogitAttribution", "attention_patterns",

@@ -13,20 +13,11 @@ import html
 import numpy as np
 
 from ..errors import CyformerError
+from .tokens import as_ids, display_token, token_labels  # noqa: F401 (display_token re-exported)
 
 
 class PlotUnavailable(CyformerError, ImportError):
     """matplotlib is needed for PNG output and is not installed."""
-
-
-_VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\t": "\u2192"}
-
-
-def display_token(text):
-    """A token's text made visible: spaces as '·', newlines as '↵', tabs as '→',
-    other control characters escaped, the empty string as '∅'."""
-    out = "".join(_VISIBLE.get(ch, ch if ch.isprintable() else repr(ch)[1:-1]) for ch in text)
-    return out if out else "\u2205"
 
 
 def attention_patterns(model, prompt, layers=None, heads=None):
@@ -35,12 +26,10 @@ def attention_patterns(model, prompt, layers=None, heads=None):
     layers, heads: an int, a list of ints, or None (all).  Returns (tokens,
     {(layer, head): pattern [T, T]}) in layer-major order.
     """
-    from .lens import _as_ids, token_labels
-
     cfg = model.config
     layers = _pick("layer", layers, cfg.n_layer)
     heads = _pick("head", heads, cfg.n_head)
-    ids = _as_ids(model, prompt, "attention")
+    ids = as_ids(model, prompt, "attention")
     _, cache = model.run_with_cache(ids, names=[f"blocks.{i}.attn.hook_pattern" for i in layers])
     patterns = {(i, h): cache[f"blocks.{i}.attn.hook_pattern"][h] for i in layers for h in heads}
     return token_labels(model, ids), patterns

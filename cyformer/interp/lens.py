@@ -24,29 +24,12 @@ from typing import List
 import numpy as np
 
 from ..kernels import linalg, norm
-
-
-def token_labels(model, ids):
-    """One printable label per token: its text when there is a tokenizer, else its id."""
-    ids = [int(i) for i in ids]
-    if not model.tokenizer.available:
-        return [str(i) for i in ids]
-    return [model.tokenizer.decode([i]) for i in ids]
-
-
-def _as_ids(model, prompt, fn):
-    if isinstance(prompt, str):
-        prompt = model.encode(prompt)
-    from ..model import check_ids
-    ids, batched = check_ids(prompt, model.config, fn)
-    if batched:
-        raise ValueError(f"{fn}: takes one sequence (1-D ids or a str), got shape {ids.shape}")
-    return ids[0]
+from .tokens import as_ids as _as_ids, display_token, token_labels
 
 
 @dataclass
 class LogitLens:
-    """Top-k tokens of each layer's residual stream read through ln_f and the unembedding.
+    """Top-k tokens of each layer's residual stream read through the final norm and the unembedding.
 
     Row 0 of every array reads the embeddings, row i + 1 the stream after
     block i (labels "embed", "L0", ...); the last row is the final stream,
@@ -65,8 +48,6 @@ class LogitLens:
     def format(self, width=10):
         """A table: one row per layer, one column per position, the top-1 token
         in each cell (cut to ``width`` characters)."""
-        from .export import display_token
-
         texts = self.input_tokens + [t[0] for row in self.tokens for t in row]
         width = max(1, min(width, max(len(display_token(t)) for t in texts)))
 
@@ -97,8 +78,8 @@ def logit_lens(model, prompt, k=5):
     top_probs = np.empty((L + 1, T, k), dtype=np.float32)
     ln = model.weights.ln_f
     for r, name in enumerate(names):
-        x = norm.layer_norm_forward(cache[name], ln.weight, ln.bias, cfg.layer_norm_epsilon,
-                                    threads=model.threads)
+        x = norm.norm_forward(cfg.norm, cache[name], ln.weight, ln.bias, cfg.norm_eps,
+                              threads=model.threads)
         logits = linalg.linear_forward(x, model.weights.lm_head, None, w_transposed=True,
                                        threads=model.threads)
         top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
@@ -117,10 +98,12 @@ def logit_lens(model, prompt, k=5):
 class LogitAttribution:
     """Direct contributions to one token's logit at one position.
 
-    embed, pos_embed: floats; heads [L, H]; attn_bias [L] (each layer's
-    c_proj bias); mlp [L]; ln_final_bias: b . u_t.  ``total()`` adds them
-    all; ``logit`` is the model's actual logit, equal to total() up to
-    rounding.  All float64.
+    embed, pos_embed: floats (pos_embed 0 for rotary models); heads [L, H];
+    attn_bias [L] (each layer's c_proj bias, 0 where there is none); mlp
+    [L]; ln_final_bias: b . u_t (0 for RMSNorm).  ``total()`` adds them all;
+    ``logit`` is the model's actual logit, equal to total() up to rounding.
+    All float64.  The final norm's scale is frozen at its value in the run;
+    layer norm also centres each component (RMSNorm does not).
     """
 
     token: int
@@ -172,7 +155,9 @@ def direct_logit_attribution(model, prompt, token, position=-1, cache=None):
     if not -T <= position < T:
         raise ValueError(f"direct_logit_attribution: position {position} is outside a sequence of {T}")
     p = position % T
-    names = (["hook_embed", "hook_pos_embed", "ln_final.hook_scale", "ln_final.hook_normalized"]
+    learned = cfg.position == "learned"
+    names = (["hook_embed"] + (["hook_pos_embed"] if learned else [])
+             + ["ln_final.hook_scale", "ln_final.hook_normalized"]
              + [f"blocks.{i}.attn.hook_result" for i in range(L)]
              + [f"blocks.{i}.hook_mlp_out" for i in range(L)])
     if cache is None or any(n not in cache for n in names):
@@ -181,19 +166,23 @@ def direct_logit_attribution(model, prompt, token, position=-1, cache=None):
     u = model.weights.lm_head[token].astype(np.float64)
     direction = ln.weight.astype(np.float64) * u / float(cache["ln_final.hook_scale"][p, 0])
 
-    def contrib(v):
-        """Centred components [..., C] at position p . direction."""
-        v = np.asarray(v, dtype=np.float64)
-        return (v - v.mean(axis=-1, keepdims=True)) @ direction
+    centre = cfg.norm == "layer_norm"
 
-    b_O = np.stack([model.weights.blocks[i].attn_c_proj.bias for i in range(L)])
+    def contrib(v):
+        """Components [..., C] at position p (centred by layer norm) . direction."""
+        v = np.asarray(v, dtype=np.float64)
+        return (v - v.mean(axis=-1, keepdims=True) if centre else v) @ direction
+
+    zero = np.zeros(cfg.n_embd)
+    b_O = np.stack([model.weights.blocks[i].attn_c_proj.bias if model.weights.blocks[i].attn_c_proj.bias
+                    is not None else zero for i in range(L)])
     logit = float(cache["ln_final.hook_normalized"][p].astype(np.float64) @ u)
     return LogitAttribution(
         token=token, position=p, logit=logit,
         embed=float(contrib(cache["hook_embed"][p])),
-        pos_embed=float(contrib(cache["hook_pos_embed"][p])),
+        pos_embed=float(contrib(cache["hook_pos_embed"][p])) if learned else 0.0,
         heads=np.stack([contrib(cache[f"blocks.{i}.attn.hook_result"][p]) for i in range(L)]),
         attn_bias=contrib(b_O),
         mlp=np.array([contrib(cache[f"blocks.{i}.hook_mlp_out"][p]) for i in range(L)]),
-        ln_final_bias=float(ln.bias.astype(np.float64) @ u),
+        ln_final_bias=float(ln.bias.astype(np.float64) @ u) if ln.bias is not None else 0.0,
     )
