@@ -190,7 +190,8 @@ class Config:
                 f"(supported: {', '.join(sorted(ACTIVATIONS))})")
         eps = self.layer_norm_epsilon
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 < eps < 1) or not math.isfinite(eps):
-            raise ModelLoadError(f"{source}: the norm epsilon must be a number in (0, 1), got {_clip(eps)}")
+            name = "layer_norm_epsilon" if self.norm == "layer_norm" else "rms_norm_eps"
+            raise ModelLoadError(f"{source}: {name} must be a number in (0, 1), got {_clip(eps)}")
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (1 < theta < 1e12):
             raise ModelLoadError(f"{source}: rope_theta must be a number in (1, 1e12), got {_clip(theta)}")

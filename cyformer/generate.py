@@ -141,7 +141,7 @@ class Generation:
             tok = sampler(logits, context)
             if t_first is None:
                 t_first = time.perf_counter()
-            if tok == cfg.eos_token_id:
+            if tok in cfg.eos_token_ids:
                 reason = EOS
                 break
             if tok in self.stop_ids:

@@ -33,8 +33,8 @@ The final residual stream is ``blocks.{L-1}.hook_resid_post``.
 A hook is ``fn(activation, name)``: it gets the activation as a NumPy array
 and returns either None (keep it, with whatever it changed in place) or a
 replacement of the same shape.  Either way the forward pass continues from
-what the hook left: at a point with a hook function attached, everything
-downstream is computed from the hooked value.
+what the hook left; a hook that changes nothing leaves the logits bitwise
+those of a plain forward.
 """
 
 import numpy as np
@@ -152,11 +152,16 @@ class HookPoints:
     def wants(self, name):
         return name in self.active
 
-    def edits(self, name):
-        """True when a hook function runs at ``name``: it may have changed the
-        activation in place or replaced it, so what follows is computed from
-        the hooked value."""
-        return name in self.hooks
+    def changed(self, name, value):
+        """Run the hooks at ``name`` like __call__; returns (value, changed),
+        changed True when a hook replaced the array or edited it in place
+        (found by comparing with a copy taken before, so only where a hook
+        function is attached)."""
+        if name not in self.hooks:
+            return self(name, value), False
+        before = value.copy()
+        new = self(name, value)
+        return new, new is not value or before.tobytes() != new.tobytes()
 
     def __call__(self, name, value):
         if name not in self.active:

@@ -32,6 +32,6 @@ def load(path=None, *, threads=None, backend="cython"):
     if not os.path.isdir(path):
         raise ModelLoadError(f"{path}: model directory not found")
     cfg = read_config(os.path.join(path, "config.json"))
-    weights = load_weights(os.path.join(path, "model.safetensors"), cfg)
+    weights = load_weights(path, cfg)
     tokenizer = load_tokenizer(path)
     return Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend)

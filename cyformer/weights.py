@@ -354,24 +354,32 @@ def _read_index(index_path):
 
 
 def _shard_files(path):
-    """The safetensors files of the checkpoint at ``path`` (model.safetensors,
-    or a directory's index) and the index's map, or None for one file."""
-    if os.path.isfile(path):
-        return [path], None
-    d = path if os.path.isdir(path) else (os.path.dirname(path) or ".")
-    single = os.path.join(d, "model.safetensors")
-    if os.path.isfile(single):
-        return [single], None
-    index = os.path.join(d, "model.safetensors.index.json")
-    if os.path.isfile(index):
+    """The safetensors files of the checkpoint at ``path`` and the index's
+    map (None for one file).  path: a model directory (model.safetensors,
+    else a sharded model.safetensors.index.json) or a safetensors file."""
+    if not os.path.isdir(path) or os.path.basename(os.path.normpath(path)) == "model.safetensors":
+        if os.path.isfile(path):
+            return [path], None
+        raise _checkpoint_missing(path)
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index) and not os.path.exists(single):
         wmap = _read_index(index)
         return sorted(set(wmap.values())), wmap
-    raise _checkpoint_missing(single if os.path.isdir(path) else path)
+    if not os.path.isfile(single):
+        raise _checkpoint_missing(single)
+    return [single], None
 
 
-def _prefix(names, family):
+def _prefix(names, family, path):
+    """The prefix the checkpoint puts before its names ("transformer.",
+    "model." or none); a name present with and without it is an error."""
     for p in family.prefixes:
         if p and any(n.startswith(p) for n in names):
+            for n in names:
+                if n.startswith(p) and n[len(p):] in names:
+                    raise ModelLoadError(f"{path}: tensors {_short(n)} and {_short(n[len(p):])} "
+                                         "are the same parameter")
             return p
     return ""
 
@@ -449,9 +457,9 @@ def _fill(ck, src, slot):
 
 
 def load_weights(path: str, cfg: Config) -> Weights:
-    """Read the checkpoint at ``path`` (model.safetensors, or a directory
-    holding it or a sharded model.safetensors.index.json) and check it
-    against ``cfg``.
+    """Read the checkpoint at ``path`` (a model directory holding
+    model.safetensors or a sharded model.safetensors.index.json, or a
+    safetensors file) and check it against ``cfg``.
 
     Float16, bfloat16 and float64 tensors are converted to float32; integer
     tensors are refused.  NaN or Inf in a tensor is warned about.  Raises
@@ -461,8 +469,6 @@ def load_weights(path: str, cfg: Config) -> Weights:
         path = os.fspath(path)
     except TypeError:
         raise ModelLoadError(f"load_weights: path must be a str or os.PathLike, got {path!r}") from None
-    if not os.path.exists(path) and not os.path.isdir(os.path.dirname(path) or "."):
-        raise _checkpoint_missing(path)
     ck = _Checkpoint(path)
     try:
         return _load(ck, cfg)
@@ -474,7 +480,7 @@ def load_weights(path: str, cfg: Config) -> Weights:
 
 def _load(ck, cfg):
     family = cfg.family
-    prefix = _prefix(ck.where, family)
+    prefix = _prefix(ck.where, family, ck.path)
     sources = family.sources(cfg, prefix)
     shapes = {**global_shapes(cfg),
               **{f"blocks.{i}.{n}": s for i in range(cfg.n_layer) for n, s in layer_shapes(cfg).items()}}

@@ -327,8 +327,8 @@ def rope_forward(qkv, n_head, n_kv_head, past, cos, sin, threads=None):
     cdef Py_ssize_t D = qkv.shape[1] // (H + 2 * G)
     if D % 2:
         raise ValueError(f"{fn}: d_head={D} must be even")
-    _checks.shape(fn, "sin", sin, cos.shape)
     _checks.same_dim(fn, "cos", cos, 1, D // 2, "d_head / 2")
+    _checks.shape(fn, "sin", sin, cos.shape)
     past = _checks.integer(fn, "past", past)
     if past < 0 or past + T > cos.shape[0]:
         raise ValueError(f"{fn}: positions {past}..{past + T - 1} are outside the "

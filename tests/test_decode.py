@@ -115,23 +115,25 @@ def test_step_refuses_bad_caches(step_and_cache):
 
 
 def test_step_refuses_misshapen_weights(checkpoint):
-    w = cyformer.load(checkpoint("odd")[0]).weights
-    layer = (w.blocks[0].ln_1.weight, w.blocks[0].ln_1.bias, w.blocks[0].c_attn.weight,
-             w.blocks[0].c_attn.bias, w.blocks[0].attn_c_proj.weight, w.blocks[0].attn_c_proj.bias,
-             w.blocks[0].ln_2.weight, w.blocks[0].ln_2.bias, w.blocks[0].c_fc.weight,
-             w.blocks[0].c_fc.bias, w.blocks[0].mlp_c_proj.weight, w.blocks[0].mlp_c_proj.bias)
-    args = (w.wte, w.wpe, [layer], w.ln_f.weight, w.ln_f.bias, w.lm_head, 3, 1e-5)
-    decode.DecodeStep(*args)  # the good case builds
-    bad_attn = layer[:2] + (layer[2][:, :-1].copy(),) + layer[3:]
-    with pytest.raises(ValueError, match=r"layers\[0\].c_attn.weight"):
-        decode.DecodeStep(*args[:2], [bad_attn], *args[3:])
-    with pytest.raises(ValueError, match="12 arrays"):
-        decode.DecodeStep(*args[:2], [layer[:11]], *args[3:])
-    with pytest.raises(ValueError, match="n_head"):
-        decode.DecodeStep(*args[:6], 5, 1e-5)
-    with pytest.raises(ValueError, match="at least one layer"):
-        decode.DecodeStep(*args[:2], [], *args[3:])
-    with pytest.raises(ValueError, match="activation"):
-        decode.DecodeStep(*args, activation="relu")
+    import dataclasses
+
+    m = cyformer.load(checkpoint("odd")[0])
+    cfg, w = m.config, m.weights
+    decode.DecodeStep(cfg, w)  # the good case builds
+    b0 = w.blocks[0]
+
+    def with_block(**parts):
+        return dataclasses.replace(w, blocks=(dataclasses.replace(b0, **parts),) + w.blocks[1:])
+
+    bad_attn = dataclasses.replace(b0.c_attn, weight=b0.c_attn.weight[:, :-1].copy())
+    with pytest.raises(ValueError, match=r"blocks\[0\].attn.c_attn.weight"):
+        decode.DecodeStep(cfg, with_block(c_attn=bad_attn))
+    no_bias = dataclasses.replace(b0.c_fc, bias=None)
+    with pytest.raises(ValueError, match=r"blocks\[0\].mlp.c_fc.bias is missing"):
+        decode.DecodeStep(cfg, with_block(c_fc=no_bias))
+    with pytest.raises(ValueError, match="n_layer"):
+        decode.DecodeStep(cfg, dataclasses.replace(w, blocks=w.blocks[:1]))
     with pytest.raises(ValueError, match="lm_head"):
-        decode.DecodeStep(*args[:5], w.lm_head[:-1].copy(), 3, 1e-5)
+        decode.DecodeStep(cfg, dataclasses.replace(w, lm_head=w.lm_head[:-1].copy()))
+    with pytest.raises(ValueError, match="rope_cos must be None"):
+        decode.DecodeStep(cfg, w, np.zeros((cfg.n_positions, cfg.d_head // 2), np.float32))

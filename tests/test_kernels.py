@@ -298,3 +298,82 @@ def test_kernels_in_a_reused_workspace_are_bitwise_the_same(rng):
             k, v = np.zeros((H, D, T + 3), np.float32), np.zeros((H, T + 3, D), np.float32)
             zs.append(attention.attention_forward(qkv, k, v, 0, workspace=w, threads=2))
         assert np.array_equal(*zs)
+
+
+# -- the Llama family's kernels ------------------------------------------------
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("C", [1, 7, 64, 203])
+def test_rms_norm(rng, threads, C):
+    x, g = f32(rng, 9, C, scale=3.0), f32(rng, C)
+    scale = np.empty(9, dtype=np.float32)
+    got = norm.rms_norm_forward(x, g, 1e-6, scale=scale, threads=threads)
+    ref_scale = np.sqrt((x.astype(np.float64) ** 2).mean(1) + 1e-6)
+    np.testing.assert_allclose(scale, ref_scale, rtol=1e-6)
+    np.testing.assert_allclose(got, x / ref_scale[:, None] * g, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("F", [1, 15, 16, 100])
+def test_swiglu(rng, F):
+    h = f32(rng, 5, 2 * F, scale=4.0)
+    h[0, :3] = [-np.inf, -200.0, 90.0] if F >= 3 else h[0, :3]
+    got = activations.swiglu_forward(h, threads=2)
+    gate, up = h[:, :F].astype(np.float64), h[:, F:].astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = np.where(gate == -np.inf, 0.0, gate / (1 + np.exp(-gate))) * up
+    np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("H, G, D", [(4, 1, 8), (6, 2, 10), (3, 3, 16)])
+def test_rope(rng, H, G, D):
+    T, past, P = 5, 3, 16
+    qkv = f32(rng, T, (H + 2 * G) * D)
+    angles = np.arange(P)[:, None] * (10000.0 ** (-np.arange(0, D, 2) / D))[None, :]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    ref = qkv.astype(np.float64).copy()
+    half = D // 2
+    for t in range(T):
+        c, s = cos[past + t], sin[past + t]
+        for h in range(H + G):  # query and key heads turn; value heads do not
+            v = ref[t, h * D:(h + 1) * D].copy()
+            ref[t, h * D:h * D + half] = v[:half] * c - v[half:] * s
+            ref[t, h * D + half:(h + 1) * D] = v[half:] * c + v[:half] * s
+    got = attention.rope_forward(qkv.copy(), H, G, past, cos, sin, threads=2)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(got[:, (H + G) * D:], qkv[:, (H + G) * D:])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("H, G, T, past", [(6, 2, 1, 5), (6, 2, 29, 0), (4, 1, 13, 3), (3, 3, 20, 0)])
+def test_grouped_query_attention(rng, threads, H, G, T, past):
+    D, cap = 12, 48
+    qkv_all = f32(rng, past + T, (H + 2 * G) * D)
+    k_cache = np.zeros((G, D, cap), dtype=np.float32)
+    v_cache = np.zeros((G, cap, D), dtype=np.float32)
+    if past:
+        attention.attention_forward(qkv_all[:past], k_cache, v_cache, 0, n_head=H)
+    pattern = np.empty((H, T, past + T), dtype=np.float32)
+    got = attention.attention_forward(qkv_all[past:], k_cache, v_cache, past, n_head=H,
+                                      pattern=pattern, threads=threads)
+    x = qkv_all.astype(np.float64)
+    q = x[:, :H * D].reshape(-1, H, D)
+    k = x[:, H * D:(H + G) * D].reshape(-1, G, D)
+    v = x[:, (H + G) * D:].reshape(-1, G, D)
+    for h in range(H):
+        g = h // (H // G)
+        s = q[past:, h] @ k[:, g].T / math.sqrt(D)
+        s = np.where(np.arange(past + T)[None, :] > np.arange(past, past + T)[:, None], -np.inf, s)
+        p = np.exp(s - s.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        np.testing.assert_allclose(pattern[h], p, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got[:, h * D:(h + 1) * D], p @ v[:, g], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 2, 9])
+def test_swiglu_mlp(rng, T):
+    C, F = 24, 40
+    x, W_in, W_out = f32(rng, T, C), f32(rng, C, 2 * F, scale=C ** -0.5), f32(rng, F, C, scale=F ** -0.5)
+    got = mlp.mlp_forward(x, W_in, None, W_out, None, activation="swiglu", threads=2)
+    h = x.astype(np.float64) @ W_in
+    ref = (h[:, :F] / (1 + np.exp(-h[:, :F])) * h[:, F:]) @ W_out
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)

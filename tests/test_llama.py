@@ -121,9 +121,7 @@ def test_decode_steps_equal_prefill(llama, name, rng):
     ref = be.new_cache(len(ids))
     be.run(ids[:4], ref)
     for t in ids[4:]:
-        fused = be.run(np.array([t]), kv)
-        per_op = be.blocks and _per_op(be, ref, t)
-        assert np.array_equal(fused, per_op)
+        assert np.array_equal(be.run(np.array([t]), kv), _per_op(be, ref, t))
 
 
 def _per_op(be, kv, token):
@@ -137,3 +135,185 @@ def _per_op(be, kv, token):
         block(resid, kv, past, be.threads, ws)
     kv.length = past + 1
     return be.unembed(be.ln_f(resid, be.threads), be.threads)
+
+
+# -- loading ---------------------------------------------------------------
+
+def test_sharded_checkpoint(llama, tmp_path, rng):
+    path, hf = llama("llama-gqa3")
+    shard_dir = tmp_path / "sharded"
+    hf.save_pretrained(shard_dir, safe_serialization=True, max_shard_size="20KB")
+    assert (shard_dir / "model.safetensors.index.json").exists()
+    ids = rng.integers(0, 131, size=10)
+    assert np.array_equal(cyformer.load(shard_dir).forward(ids), cyformer.load(path).forward(ids))
+
+
+def test_sharded_checkpoint_errors(llama, tmp_path):
+    import json
+    import shutil
+
+    _, hf = llama("llama-gqa3")
+    d = tmp_path / "bad"
+    hf.save_pretrained(d, safe_serialization=True, max_shard_size="20KB")
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    # a tensor in two shards
+    dup = tmp_path / "dup"
+    shutil.copytree(d, dup)
+    from safetensors.numpy import load_file, save_file
+    a, b = shards[0], shards[1]
+    ta, tb = load_file(dup / a), load_file(dup / b)
+    name = next(iter(ta))
+    tb[name] = ta[name]
+    save_file(tb, dup / b)
+    with pytest.raises(cyformer.ModelLoadError, match="also in|ambiguous"):
+        cyformer.load(dup)
+    # a shard that is missing
+    (d / shards[-1]).unlink()
+    with pytest.raises(cyformer.ModelLoadError, match="missing"):
+        cyformer.load(d)
+    # an index whose shard name leads outside the directory
+    index["weight_map"][name] = "../elsewhere.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(cyformer.ModelLoadError, match="not a file name"):
+        cyformer.load(d)
+
+
+def test_bfloat16_checkpoint(tmp_path, rng):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    hf = make_hf_llama(str(tmp_path / "f32"), "llama", seed=5, hidden_size=32, intermediate_size=40,
+                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                       vocab_size=50, max_position_embeddings=16)
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "bf16", safe_serialization=True)
+    ids = rng.integers(0, 50, size=7)
+    got = cyformer.load(tmp_path / "bf16").forward(ids)
+    # the bf16 weights widened to float32 (a fresh model, so its rotary
+    # frequencies are float32 as well): what cyformer computes with
+    wide = LlamaForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.float32).eval()
+    ref = hf_logits(wide, ids)[0]
+    assert np.abs(got - ref).max() <= TOL
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"model_type": "gpt_neox"}, "model_type 'gpt_neox' is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling type 'yarn'"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"num_key_value_heads": 4}, "multiple of the 4 key/value heads"),
+    ({"num_local_experts": 8}, "mixture-of-experts"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ({"use_sliding_window": True, "model_type": "qwen2"}, "use_sliding_window"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),
+])
+def test_unsupported_options_are_refused(llama, tmp_path, change, match):
+    import json
+    import shutil
+
+    path, _ = llama("llama-gqa3")
+    d = tmp_path / "m"
+    shutil.copytree(path, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(change)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(cyformer.ModelLoadError, match=match):
+        cyformer.load(d)
+
+
+def test_sliding_window_bounds_the_context(llama, tmp_path):
+    import json
+    import shutil
+
+    path, _ = llama("mistral-mha")
+    d = tmp_path / "m"
+    shutil.copytree(path, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["sliding_window"] = 20
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = cyformer.load(d)
+    assert model.config.n_positions == 20
+    with pytest.raises(ValueError, match="context"):
+        model.forward(list(range(21)))
+
+
+def test_missing_and_misshapen_tensors(llama, tmp_path):
+    from safetensors.numpy import load_file, save_file
+    import shutil
+
+    path, _ = llama("qwen2-mqa")
+    d = tmp_path / "m"
+    shutil.copytree(path, d)
+    t = load_file(d / "model.safetensors")
+    t.pop("model.layers.1.self_attn.k_proj.bias")
+    save_file(t, d / "model.safetensors")
+    with pytest.raises(cyformer.ModelLoadError, match="missing tensor 'model.layers.1.self_attn.k_proj.bias'"):
+        cyformer.load(d)
+    t["model.layers.1.self_attn.k_proj.bias"] = np.zeros(13, dtype=np.float32)
+    save_file(t, d / "model.safetensors")
+    with pytest.raises(cyformer.ModelLoadError, match="shape"):
+        cyformer.load(d)
+
+
+# -- looking inside ----------------------------------------------------------
+
+def test_hook_names_and_shapes(llama, rng):
+    path, _ = llama("llama-gqa3")
+    model = cyformer.load(path)
+    names = model.hook_names()
+    assert "hook_pos_embed" not in names
+    for p in ("attn.hook_rot_q", "attn.hook_rot_k", "mlp.hook_pre_linear", "ln1.hook_scale"):
+        assert f"blocks.0.{p}" in names
+    ids = rng.integers(0, 131, size=7)
+    logits, cache = model.run_with_cache(ids)
+    assert np.array_equal(logits, model.forward(ids))  # recording changes nothing
+    assert cache["blocks.0.attn.hook_q"].shape == (7, 6, 20)
+    assert cache["blocks.0.attn.hook_k"].shape == (7, 2, 20)
+    assert cache["blocks.0.attn.hook_rot_k"].shape == (7, 2, 20)
+    assert cache["blocks.1.attn.hook_pattern"].shape == (6, 7, 7)
+    assert cache["blocks.0.mlp.hook_post"].shape == (7, 77)
+    # SwiGLU: post = silu(pre) * pre_linear
+    pre, lin = (cache[f"blocks.1.mlp.hook_{n}"].astype(np.float64) for n in ("pre", "pre_linear"))
+    np.testing.assert_allclose(cache["blocks.1.mlp.hook_post"], pre / (1 + np.exp(-pre)) * lin,
+                               rtol=1e-5, atol=1e-6)
+    # RMSNorm: normalized = x / scale * gain
+    x = cache["blocks.1.hook_resid_pre"]
+    scale = cache["blocks.1.ln1.hook_scale"]
+    np.testing.assert_allclose(scale[:, 0], np.sqrt((x.astype(np.float64) ** 2).mean(1) + 1e-5), rtol=1e-6)
+
+
+def test_head_views_under_gqa(llama):
+    path, _ = llama("llama-gqa3")
+    model = cyformer.load(path)
+    W = model.weights.blocks[0].c_attn.weight  # [C, (6 + 2*2) * 20]
+    heads = model.blocks[0].attn.heads
+    assert [h.kv_index for h in heads] == [0, 0, 0, 1, 1, 1]
+    assert np.array_equal(heads[4].W_K, W[:, (6 + 1) * 20:(6 + 2) * 20])
+    assert np.array_equal(heads[4].W_V, W[:, (6 + 2 + 1) * 20:(6 + 2 + 2) * 20])
+    assert heads[4].b_Q is None
+    assert heads[2].ov_circuit().shape == (60, 60)
+    mlp = model.blocks[0].mlp
+    assert mlp.W_gate.shape == mlp.W_in.shape == (60, 77)
+    n = mlp.neurons[3]
+    assert np.array_equal(n.gate, mlp.W_gate[:, 3]) and np.array_equal(n.read, mlp.W_in[:, 3])
+
+
+def test_logit_lens_and_attribution_with_rmsnorm(llama, rng):
+    from cyformer.interp import direct_logit_attribution, logit_lens
+
+    path, _ = llama("qwen2-mqa")
+    model = cyformer.load(path)
+    ids = rng.integers(0, 97, size=8)
+    lens = logit_lens(model, ids, k=3)
+    assert np.array_equal(lens.top_ids[-1, :, 0], model.forward(ids).argmax(-1))
+    dla = direct_logit_attribution(model, ids, token=5)
+    assert dla.pos_embed == 0.0 and dla.ln_final_bias == 0.0
+    assert abs(dla.total() - dla.logit) <= 1e-3 * max(1.0, abs(dla.logit))
+    assert abs(dla.logit - model.forward(ids)[-1, 5]) <= 1e-4
+
+
+def test_generate_cache_names(llama, rng):
+    path, _ = llama("llama-gqa3")
+    model = cyformer.load(path)
+    out = model.generate(rng.integers(0, 131, size=4).tolist(), max_new_tokens=5,
+                         cache_names=["blocks.1.attn.hook_rot_k", "blocks.0.hook_resid_post"])
+    assert out.cache["blocks.1.attn.hook_rot_k"].shape == (9, 2, 20)

@@ -519,10 +519,39 @@ WRAPPERS = {
                         out=(T, H * D + 1), scores=(H, T, 1 + T), pattern=(H, T + 1, 2 + T))),
     "mlp": Wrapper(
         lambda **kw: mlp.mlp_forward(**kw), "mlp",
-        lambda: dict(x=a32(T, K), W_fc=a32(K, N), b_fc=a32(N), W_proj=a32(N, K), b_proj=a32(K), out=a32(T, K)),
-        dict(x="in", W_fc="in", b_fc="in", W_proj="in", b_proj="in", out="out"),
-        bad_shapes=dict(x=(T, K + 1), W_fc=(K + 1, N), b_fc=(N + 1,), W_proj=(N, K + 1), b_proj=(K + 1,),
+        lambda: dict(x=a32(T, K), W_in=a32(K, N), b_in=a32(N), W_out=a32(N, K), b_out=a32(K), out=a32(T, K)),
+        dict(x="in", W_in="in", b_in="in", W_out="in", b_out="in", out="out"),
+        bad_shapes=dict(x=(T, K + 1), W_in=(K + 1, N), b_in=(N + 1,), W_out=(N, K + 1), b_out=(K + 1,),
                         out=(T + 1, K))),
+    "mlp_swiglu": Wrapper(
+        lambda **kw: mlp.mlp_forward(activation="swiglu", **kw), "mlp",
+        lambda: dict(x=a32(T, K), W_in=a32(K, 2 * N), b_in=a32(2 * N), W_out=a32(N, K), b_out=a32(K),
+                     out=a32(T, K)),
+        dict(x="in", W_in="in", b_in="in", W_out="in", b_out="in", out="out"),
+        bad_shapes=dict(x=(T, K + 1), W_in=(K, 2 * N + 1), b_in=(N,), W_out=(N + 1, K), b_out=(K + 1,),
+                        out=(T + 1, K))),
+    "rms_norm": Wrapper(
+        lambda **kw: norm.rms_norm_forward(**kw), "rms_norm",
+        lambda: dict(x=np.arange(T * K, dtype=F32).reshape(T, K), g=a32(K), eps=1e-5,
+                     out=a32(T, K), scale=a32(T)),
+        dict(x="in", g="in", out="out", scale="out"),
+        bad_shapes=dict(x=(T, 0), g=(K + 1,), out=(T + 1, K), scale=(T + 1,))),
+    "swiglu": Wrapper(
+        lambda **kw: activations.swiglu_forward(**kw), "swiglu",
+        lambda: dict(h=a32(T, 2 * K), out=a32(T, K)), dict(h="in", out="out"),
+        bad_shapes=dict(h=(T, 2 * K + 1), out=(T, K + 1))),
+    "rope": Wrapper(
+        lambda **kw: attention.rope_forward(n_head=H, n_kv_head=1, **kw), "rope",
+        lambda: dict(qkv=a32(T, (H + 2) * 2 * D), past=1, cos=a32(P, D), sin=a32(P, D)),
+        dict(qkv="inout", cos="in", sin="in"),
+        bad_shapes=dict(qkv=(T, (H + 2) * 2 * D + 1), cos=(P, D + 1), sin=(P + 1, D))),
+    "attention_gqa": Wrapper(
+        lambda **kw: attention.attention_forward(n_head=2 * H, **kw), "attention",
+        lambda: dict(qkv=a32(T, 4 * H * D), k_cache=a32(H, D, CAP), v_cache=a32(H, CAP, D), past=2,
+                     out=a32(T, 2 * H * D), scores=a32(2 * H, T, 2 + T), pattern=a32(2 * H, T, 2 + T)),
+        dict(qkv="in", k_cache="inout", v_cache="inout", out="out", scores="out", pattern="out"),
+        bad_shapes=dict(qkv=(T, 4 * H * D + 1), v_cache=(H, CAP, D + 1),
+                        out=(T, H * D), scores=(H, T, 2 + T), pattern=(2 * H, T + 1, 2 + T))),
     "stream_sum": Wrapper(
         lambda **kw: linalg.stream_sum(**kw), "stream_sum",
         lambda: dict(x=a32(T, K)), dict(x="in"), any_ndim=["x"]),
@@ -533,12 +562,19 @@ WRAPPERS = {
         dict(k_cache="inout", v_cache="inout"),
         bad_shapes=dict(k_cache=(2, H, D, CAP), v_cache=(1, H, CAP, D + 1))),
 }
-_C = H * D
-_STEP = decode.DecodeStep(
-    a32(V, _C), a32(P, _C),
-    [(a32(_C), a32(_C), a32(_C, 3 * _C), a32(3 * _C), a32(_C, _C), a32(_C), a32(_C), a32(_C),
-      a32(_C, N), a32(N), a32(N, _C), a32(_C))],
-    a32(_C), a32(_C), a32(V, _C), H, 1e-5)
+def _tiny_step():
+    """A one-layer GPT-2 of d_model H * D and d_mlp N, weights all 0.25."""
+    from cyformer.arch import global_shapes, layer_shapes
+    from cyformer.config import Config
+    from cyformer.weights import Weights
+
+    cfg = Config(vocab_size=V, n_positions=P, n_embd=H * D, n_layer=1, n_head=H, n_inner=N)
+    params = {k: a32(*s) for k, s in global_shapes(cfg).items() if s is not None}
+    params.update({f"blocks.0.{k}": a32(*s) for k, s in layer_shapes(cfg).items() if s is not None})
+    return decode.DecodeStep(cfg, Weights.from_params(cfg, params))
+
+
+_STEP = _tiny_step()
 
 
 def test_every_public_kernel_wrapper_is_covered():
@@ -549,6 +585,8 @@ def test_every_public_kernel_wrapper_is_covered():
     covered = {"linalg.linear_forward", "linalg.dot_product", "linalg.add_into", "linalg.embedding",
                "norm.layer_norm_forward", "activations.gelu_inplace", "activations.softmax_inplace",
                "attention.attention_forward", "mlp.mlp_forward", "linalg.stream_sum",
+               "norm.rms_norm_forward", "norm.norm_forward", "activations.swiglu_forward",
+               "attention.rope_forward",
                "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
 

@@ -3,11 +3,13 @@ points (cyformer.hooks), for looking inside and intervening.
 
 It computes an activation apart from the fused kernels only when a point
 (or one computed from it) is wanted, and it never writes to an array after
-handing it to a hook, so a cache can keep the arrays themselves.  Where only
-recording is asked, the logits stay bitwise those of the plain path.  At a
-point with a hook function attached, the rest of the pass is computed from
-what the hook left, whether it edited the array in place or returned a
-replacement.
+handing it to a hook, so a cache can keep the arrays themselves.  Where
+hooks only record or look, the logits stay bitwise those of the plain path.
+The rest of the pass is computed from what a hook left, whether it edited
+the array in place or returned a replacement: most points hand out the very
+array (or a view of it) that the next step reads; where the next step reads
+something else (a scale, the scores, the pattern, the per-head writes), an
+edit is detected against a copy and the next step recomputed from it.
 """
 
 import numpy as np
@@ -45,8 +47,8 @@ def _norm(ln, x, threads, hooks, prefix):
         return hooks(prefix + "hook_normalized", ln(x, threads))
     scale = np.empty(len(x), dtype=np.float32)
     out = ln(x, threads, scale=scale)
-    scale = hooks(prefix + "hook_scale", scale[:, None])
-    if hooks.edits(prefix + "hook_scale"):  # a frozen or patched scale: normalise by it instead
+    scale, changed = hooks.changed(prefix + "hook_scale", scale[:, None])
+    if changed:  # a frozen or patched scale: normalise by it instead
         w = ln.w
         if ln.kind == "rms_norm":
             out = (x / scale * w.weight).astype(np.float32)
@@ -91,13 +93,12 @@ def _attention(attn, x, k_cache, v_cache, past, threads, hooks, prefix):
     z = attn.mix(qkv, k_cache, v_cache, past, threads, scores=scores, pattern=pattern)
     changed = False
     if want_scores:
-        scores = hooks(prefix + "hook_attn_scores", scores)
-        if hooks.edits(prefix + "hook_attn_scores"):
+        scores, changed = hooks.changed(prefix + "hook_attn_scores", scores)
+        if changed:
             pattern = activations.softmax_inplace(scores.copy(), threads=threads)
-            changed = True
     if want_pattern:
-        pattern = hooks(prefix + "hook_pattern", pattern)
-        changed = changed or hooks.edits(prefix + "hook_pattern")
+        pattern, edited = hooks.changed(prefix + "hook_pattern", pattern)
+        changed = changed or edited
     if changed:  # z = pattern @ v, each query head reading its key/value head
         values = v_cache[:, :S, :][np.arange(H) // (H // G)]      # [H, S, D]
         z = np.ascontiguousarray(np.matmul(pattern, values).transpose(1, 0, 2)).reshape(T, H * D)
@@ -166,8 +167,9 @@ def _block(block, resid, kv, past, threads, hooks):
                    k_cache, v_cache, past, threads, hooks, p + "attn.")
     attn_out = None
     if hooks.wants(p + "attn.hook_result"):
-        writes = hooks(p + "attn.hook_result", head_writes(attn, z, threads).transpose(1, 0, 2))
-        if hooks.edits(p + "attn.hook_result"):  # edited writes: the update is their sum
+        writes, changed = hooks.changed(p + "attn.hook_result",
+                                        head_writes(attn, z, threads).transpose(1, 0, 2))
+        if changed:  # edited writes: the update is their sum
             attn_out = writes.sum(axis=1, dtype=np.float32)
             if attn.c_proj.bias is not None:
                 attn_out += attn.c_proj.bias

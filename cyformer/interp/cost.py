@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from ..config import Config
-from ..weights import BlockWeights, LayerNormWeights, LinearWeights, Weights
+from ..arch import global_shapes, layer_shapes
+from ..weights import Weights
 
 
 def random_model(cfg=None, seed=0, threads=None):
@@ -28,25 +29,19 @@ def random_model(cfg=None, seed=0, threads=None):
 
     cfg = cfg or Config()
     rng = np.random.default_rng(seed)
-    C, M = cfg.n_embd, cfg.d_mlp
 
-    def arr(*shape, scale=0.02):
+    def arr(name, shape):
         a = rng.standard_normal(shape, dtype=np.float32)
-        a *= scale
+        a *= 0.1 if len(shape) == 1 else 0.02
+        if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "ln_f.weight":
+            a += np.float32(1.0)
         a.flags.writeable = False
         return a
 
-    def ln():
-        return LayerNormWeights(arr(C, scale=0.1) + np.float32(1.0), arr(C))
-
-    blocks = tuple(BlockWeights(ln_1=ln(), c_attn=LinearWeights(arr(C, 3 * C), arr(3 * C)),
-                                attn_c_proj=LinearWeights(arr(C, C), arr(C)), ln_2=ln(),
-                                c_fc=LinearWeights(arr(C, M), arr(M)),
-                                mlp_c_proj=LinearWeights(arr(M, C), arr(C)))
-                   for _ in range(cfg.n_layer))
-    wte = arr(cfg.vocab_size, C)
-    weights = Weights(wte=wte, wpe=arr(cfg.n_positions, C), blocks=blocks, ln_f=ln(), lm_head=wte)
-    return Model(cfg, weights, threads=threads)
+    shapes = {**global_shapes(cfg), **{f"blocks.{i}.{n}": s for i in range(cfg.n_layer)
+                                       for n, s in layer_shapes(cfg).items()}}
+    params = {n: arr(n, s) for n, s in shapes.items() if s is not None and n != "lm_head"}
+    return Model(cfg, Weights.from_params(cfg, params), threads=threads)
 
 
 def cache_overhead(model=None, tokens=128, repeats=7, seed=0):
