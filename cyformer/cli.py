@@ -135,9 +135,9 @@ def _sampling_args(p):
     p.add_argument("-t", "--temperature", type=float, default=None,
                    help="sampling temperature; 0 is greedy decoding (default: the model's "
                         "generation_config.json, else 0)")
-    p.add_argument("--top-k", type=_nonneg_int, default=None, metavar="K",
-                   help="sample only from the K most likely tokens; 0 turns it off "
-                        "(default: the model's generation_config.json, else off)")
+    p.add_argument("--top-k", type=_positive_int, default=None, metavar="K",
+                   help="sample only from the K most likely tokens "
+                        "(default: the model's generation_config.json, else all)")
     p.add_argument("--top-p", type=float, default=None, metavar="P",
                    help="nucleus sampling: the smallest set of tokens with probability >= P, 0 < P <= 1 "
                         "(default: the model's generation_config.json, else off)")

@@ -156,7 +156,7 @@ class Model:
         temperature 0 is greedy; ``seed`` makes sampling reproducible.  A
         sampling argument left at None takes the checkpoint's value from
         generation_config.json (``generation_config.sampling()``); without that
-        file, greedy with no filters.  top_k=0 switches top-k off.  A str prompt
+        file, greedy with no filters.  A str prompt
         is encoded as transformers does (with bos where the tokenizer adds one).
         It stops at max_new_tokens ("length"), an eos token ("eos": config.json's
         eos_token_id, or generation_config.json's list), a stop string or

@@ -228,20 +228,21 @@ class GenerationConfig:
 
         As in transformers: without do_sample the checkpoint decodes greedily
         (temperature 0); with it, temperature and top_k default to 1.0 and 50
-        where the file gives none.  top_k 0 switches top-k off.  Without a
-        generation_config.json: greedy, no filters.
+        where the file gives none, and the file's top_k 0 means no top-k.
+        Without a generation_config.json: greedy, no filters.  (A caller
+        switches the checkpoint's filters off with top_k=vocab_size, top_p=1.0,
+        repetition_penalty=1.0.)
         """
         sample = bool(self.do_sample)
         if temperature is None:
             temperature = (self.temperature if self.temperature is not None else HF_TEMPERATURE) if sample else 0.0
         if top_k is None:
             top_k = (self.top_k if self.top_k is not None else HF_TOP_K) if sample else self.top_k
+            top_k = top_k or None  # 0: off
         if top_p is None:
             top_p = self.top_p
         if repetition_penalty is None:
             repetition_penalty = self.repetition_penalty
-        if isinstance(top_k, numbers.Integral) and not isinstance(top_k, bool) and top_k == 0:
-            top_k = None
         return SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
 
 
