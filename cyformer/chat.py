@@ -25,6 +25,7 @@ from datetime import datetime
 
 from .errors import ChatTemplateError, TokenizerError
 from .generate import Generation
+from .model_files import DEFAULT
 
 JINJA_MIN = (3, 1, 6)  # earlier versions have known sandbox escapes
 
@@ -229,8 +230,8 @@ def check_messages(messages):
     return out
 
 
-def chat_generation(model, messages, max_new_tokens=256, temperature=None, top_k=None, top_p=None,
-                    repetition_penalty=None, stop=None, seed=None, template_vars=None):
+def chat_generation(model, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT,
+                    top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, template_vars=None):
     """The Generation of the assistant's next turn (Model.chat and chat_stream)."""
     tokenizer = model.tokenizer
     if not tokenizer.available:

@@ -149,6 +149,17 @@ def _sampling_args(p):
                    help="random seed: the same seed gives the same text")
 
 
+def _sampling(args):
+    """The sampling options; one not given takes the model's default."""
+    from .model_files import DEFAULT
+
+    def given(v):
+        return DEFAULT if v is None else v
+
+    return dict(temperature=given(args.temperature), top_k=given(args.top_k), top_p=given(args.top_p),
+                repetition_penalty=given(args.repetition_penalty), stop=args.stop, seed=args.seed)
+
+
 def _load(args):
     import cyformer
 
@@ -158,10 +169,7 @@ def _load(args):
 def cmd_generate(args):
     model = _load(args)
     # Validate every argument (by building the stream) before printing anything.
-    stream = model.stream(args.prompt, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          repetition_penalty=args.repetition_penalty, stop=args.stop,
-                          seed=args.seed)
+    stream = model.stream(args.prompt, max_new_tokens=args.max_new_tokens, **_sampling(args))
     out = sys.stdout
     if not args.no_prompt:
         out.write(args.prompt)
@@ -203,15 +211,13 @@ def cmd_chat(args):
     model = _load(args)
     ChatTemplate.of(model)  # no template: say so before reading anything
     opening = [] if args.system is None else [{"role": "system", "content": args.system}]
-    sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                    top_p=args.top_p, repetition_penalty=args.repetition_penalty, stop=args.stop,
-                    seed=args.seed)
-    model.generation_config.sampling(args.temperature, args.top_k, args.top_p,
-                                     args.repetition_penalty, args.seed)  # bad values fail here
+    sampling = _sampling(args)
+    # Bad values fail here, before any input is read.
+    model.generation_config.sampling(**{k: v for k, v in sampling.items() if k != "stop"})
     out = sys.stdout
 
     def reply(messages):
-        stream = model.chat_stream(messages, **sampling)
+        stream = model.chat_stream(messages, max_new_tokens=args.max_new_tokens, **sampling)
         pieces = []
         for piece in stream:
             pieces.append(piece)

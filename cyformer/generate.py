@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from . import _checks
+from .model_files import DEFAULT
 from .sampling import Sampler
 
 # Why a generation ended.
@@ -74,8 +75,8 @@ class Generation:
     stop string.  After the loop, ``finish_reason`` says why it ended.
     """
 
-    def __init__(self, model, prompt, max_new_tokens=64, temperature=None, top_k=None,
-                 top_p=None, repetition_penalty=None, stop=None, seed=None, cache_names=None,
+    def __init__(self, model, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT,
+                 top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None,
                  *, add_special_tokens=True, end_ids=()):
         # add_special_tokens: encode a str prompt as transformers does (bos where
         # the tokenizer adds one); end_ids: more ids that end it as eos does.
@@ -96,7 +97,7 @@ class Generation:
         self.max_new_tokens = _checks.integer("generate", "max_new_tokens", max_new_tokens)
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        # None: the checkpoint's default (generation_config.json)
+        # DEFAULT: the checkpoint's value (generation_config.json)
         self.params = model.generation_config.sampling(temperature, top_k, top_p, repetition_penalty, seed)
         self.eos_ids = model.generation_config.eos_ids(cfg) | frozenset(end_ids)
         has_text = self.text_mode or model.tokenizer.available

@@ -34,6 +34,20 @@ HF_TEMPERATURE = 1.0
 HF_TOP_K = 50
 
 
+class _CheckpointDefault:
+    """The default of a sampling argument: the checkpoint's value.  (None is a
+    value of its own: top_k=None means no top-k, whatever the checkpoint says.)"""
+
+    def __repr__(self):
+        return "DEFAULT"
+
+    def __reduce__(self):
+        return "DEFAULT"
+
+
+DEFAULT = _CheckpointDefault()
+
+
 def _clip(v, n=60):
     r = repr(v)
     return r if len(r) <= n else r[:n] + "..."
@@ -223,25 +237,25 @@ class GenerationConfig:
             return self.eos_token_ids
         return frozenset() if cfg.eos_token_id is None else frozenset((cfg.eos_token_id,))
 
-    def sampling(self, temperature=None, top_k=None, top_p=None, repetition_penalty=None, seed=None):
-        """SamplingParams from the caller's values, None meaning "the checkpoint's".
+    def sampling(self, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT, repetition_penalty=DEFAULT,
+                 seed=None):
+        """SamplingParams from the caller's values; DEFAULT takes the checkpoint's.
 
         As in transformers: without do_sample the checkpoint decodes greedily
         (temperature 0); with it, temperature and top_k default to 1.0 and 50
         where the file gives none, and the file's top_k 0 means no top-k.
-        Without a generation_config.json: greedy, no filters.  (A caller
-        switches the checkpoint's filters off with top_k=vocab_size, top_p=1.0,
-        repetition_penalty=1.0.)
+        Without a generation_config.json: greedy, no filters.  A caller's None
+        switches a filter off.
         """
         sample = bool(self.do_sample)
-        if temperature is None:
+        if temperature is DEFAULT:
             temperature = (self.temperature if self.temperature is not None else HF_TEMPERATURE) if sample else 0.0
-        if top_k is None:
+        if top_k is DEFAULT:
             top_k = (self.top_k if self.top_k is not None else HF_TOP_K) if sample else self.top_k
             top_k = top_k or None  # 0: off
-        if top_p is None:
+        if top_p is DEFAULT:
             top_p = self.top_p
-        if repetition_penalty is None:
+        if repetition_penalty is DEFAULT:
             repetition_penalty = self.repetition_penalty
         return SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
 

@@ -189,6 +189,9 @@ def test_eos_ids_beyond_the_vocabulary_are_dropped(tmp_path):
      SamplingParams(1.0, None, None, 1.1)),                                  # top_k 0 is off
     ({"do_sample": True, "temperature": 0.6, "top_k": 20}, {"temperature": 0.0, "top_k": 7, "seed": 3},
      SamplingParams(0.0, 7, None, None, 3)),                                 # the caller wins
+    ({"do_sample": True, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.3},
+     {"top_k": None, "top_p": None, "repetition_penalty": None},
+     SamplingParams(1.0)),                                                   # None: off
 ])
 def test_sampling_defaults(tmp_path, file, args, want):
     write(tmp_path, "generation_config.json", file)
@@ -209,7 +212,7 @@ def test_generate_uses_the_checkpoint_defaults(tokenized_checkpoint, tmp_path):
     assert sampled == m.generate("def", max_new_tokens=12, temperature=1.5, top_k=40, top_p=0.95,
                                  repetition_penalty=1.2, seed=1)
     assert sampled != greedy
-    assert m.generate("def", max_new_tokens=12, temperature=0, repetition_penalty=1.0) == greedy
+    assert m.generate("def", max_new_tokens=12, temperature=0, repetition_penalty=None) == greedy
 
 
 @pytest.mark.parametrize("file,needle", [
