@@ -43,7 +43,8 @@ def _jinja():
         import jinja2.ext
         import jinja2.sandbox
     except ImportError:
-        raise ChatTemplateError("chat templates need the jinja2 package: pip install 'jinja2>=3.1.6'") from None
+        raise ChatTemplateError("chat templates need the jinja2 package: "
+                                "pip install 'jinja2>=3.1.6'") from None
     version = tuple(int(p) for p in jinja2.__version__.split(".")[:3] if p.isdigit())
     if version < JINJA_MIN:
         raise ChatTemplateError(f"chat templates need jinja2>=3.1.6 (earlier versions have sandbox "
@@ -82,7 +83,8 @@ def _environment():
         @staticmethod
         def _check(name):
             if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} starts with an underscore")
+                raise jinja2.exceptions.SecurityError(
+                    f"namespace attribute {name!r} starts with an underscore")
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -220,7 +222,8 @@ def check_messages(messages):
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
-            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', "
+                             f"got {type(m).__name__}")
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str) or not role:
             raise ValueError(f"messages[{i}]['role'] must be a non-empty str, got {role!r}")

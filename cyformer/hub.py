@@ -14,7 +14,8 @@ import re
 
 from .errors import ModelLoadError
 
-# Only what the loader reads: never the PyTorch, GGUF or ONNX copies.
+# Only what the loader reads: never the PyTorch, GGUF or ONNX copies, nor
+# Mistral's consolidated.safetensors (the same weights again, in another layout).
 FILES = [
     "config.json",
     "generation_config.json",
@@ -22,7 +23,7 @@ FILES = [
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",
-    "*.safetensors",
+    "model*.safetensors",  # model.safetensors, model-00001-of-00004.safetensors, ...
     "model.safetensors.index.json",
 ]
 

@@ -206,7 +206,8 @@ def _token_id(path, key, value):
 def _number(path, key, value, ok, what):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or not ok(value):
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or not ok(value)):
         raise ModelLoadError(f"{path}: {key} must be {what}, got {_clip(value)}")
     return value
 
@@ -249,7 +250,8 @@ class GenerationConfig:
         """
         sample = bool(self.do_sample)
         if temperature is DEFAULT:
-            temperature = (self.temperature if self.temperature is not None else HF_TEMPERATURE) if sample else 0.0
+            temperature = 0.0 if not sample else (
+                self.temperature if self.temperature is not None else HF_TEMPERATURE)
         if top_k is DEFAULT:
             top_k = (self.top_k if self.top_k is not None else HF_TOP_K) if sample else self.top_k
             top_k = top_k or None  # 0: off
@@ -277,7 +279,8 @@ def read_generation_config(directory, vocab_size):
         listed = eos if isinstance(eos, list) else [eos]
         ids = [_token_id(path, "eos_token_id", v) for v in listed]
         if any(i is None for i in ids):
-            raise ModelLoadError(f"{path}: eos_token_id must be a token id or a list of them, got {_clip(eos)}")
+            raise ModelLoadError(f"{path}: eos_token_id must be a token id or a list of them, "
+                                 f"got {_clip(eos)}")
         kept = [i for i in ids if i < vocab_size]
         if len(kept) < len(ids):
             warnings.warn(f"{path}: eos_token_id {_clip(eos)} has ids not below vocab_size={vocab_size}; "

@@ -96,11 +96,13 @@ def test_only_the_files_cyformer_reads(hub_cache, monkeypatch, tmp_path):
     assert seen["repo_id"] == REPO and seen["local_files_only"] is False
     patterns = seen["allow_patterns"]
     for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "chat_template.jinja", "*.safetensors",
-              "model.safetensors.index.json"):
+              "special_tokens_map.json", "chat_template.jinja", "model.safetensors.index.json"):
         assert f in patterns
-    assert not any(p.endswith((".bin", ".pt", ".gguf", ".onnx", "*")) and p != "*.safetensors"
-                   for p in patterns)
+    from huggingface_hub.utils import filter_repo_objects
+
+    repo = ["model.safetensors", "model-00001-of-00002.safetensors", "consolidated.safetensors",
+            "pytorch_model.bin", "model.gguf", "onnx/model.onnx", "README.md", "tokenizer.model"]
+    assert list(filter_repo_objects(repo, allow_patterns=patterns)) == repo[:2]
 
 
 def test_hub_errors_become_one_line(hub_cache, monkeypatch):
