@@ -5,7 +5,7 @@
     logits = model.forward([464, 3290, 318])   # [T, vocab] float32
 """
 
-from .errors import CyformerError, ModelLoadError, TokenizerError
+from .errors import ChatTemplateError, CyformerError, ModelLoadError, TokenizerError
 from .config import Config
 from .loader import load
 from .model import Model
@@ -13,4 +13,4 @@ from .info import build_info
 
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "Config", "build_info", "CyformerError", "ModelLoadError",
-           "TokenizerError", "__version__"]
+           "TokenizerError", "ChatTemplateError", "__version__"]

@@ -1,6 +1,7 @@
 """The `cyformer` command line.
 
     cyformer generate "def fib(n):"     stream a continuation from the default model
+    cyformer chat --model M             talk to a chat model (one turn with --message)
     cyformer info                       config, size and build of a model
     cyformer inspect "def f(x):" --png attn.png    look inside one forward pass
 
@@ -42,9 +43,11 @@ _nonneg_int = _int_at_least(0)
 
 
 def _model_args(p):
-    p.add_argument("--model", metavar="DIR", default=None,
-                   help="Hugging Face GPT-2 directory (config.json, model.safetensors, "
-                        "tokenizer.json); default: the small Python-code model bundled with cyformer")
+    p.add_argument("--model", metavar="DIR|NAME", default=None,
+                   help="Hugging Face checkpoint directory (config.json, model.safetensors, "
+                        "tokenizer.json), or a Hub name such as owner/name (needs "
+                        "pip install 'cyformer[hub]'; HF_HUB_OFFLINE=1 uses the local cache only); "
+                        "default: the small Python-code model bundled with cyformer")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="kernel threads (default: OMP_NUM_THREADS, else the cores this process may use); "
                         "results are identical at any count")
@@ -67,21 +70,31 @@ def build_parser():
     g.add_argument("-n", "--max-new-tokens", type=_nonneg_int, default=128, metavar="N",
                    help="stop after N new tokens (default: 128); generation also stops at the "
                         "end-of-text token or when the context window is full")
-    g.add_argument("-t", "--temperature", type=float, default=0.0,
-                   help="sampling temperature; 0 (default) is greedy decoding")
-    g.add_argument("--top-k", type=_positive_int, default=None, metavar="K",
-                   help="sample only from the K most likely tokens")
-    g.add_argument("--top-p", type=float, default=None, metavar="P",
-                   help="nucleus sampling: the smallest set of tokens with probability >= P, 0 < P <= 1")
-    g.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
-                   help="R > 1 makes tokens already in the text less likely")
-    g.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                   help="stop when TEXT appears (not printed); may be given several times")
-    g.add_argument("--seed", type=_nonneg_int, default=None,
-                   help="random seed: the same seed gives the same text")
+    _sampling_args(g)
     g.add_argument("--no-prompt", action="store_true", help="print only the continuation")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="print token counts, time to first token and tokens/s to standard error")
+
+    c = sub.add_parser(
+        "chat", help="talk to a chat model: an interactive loop, or one reply with --message",
+        description="Render the conversation with the model's chat template (tokenizer_config.json "
+                    "or chat_template.jinja) and stream the assistant's reply, which ends at the "
+                    "template's end-of-turn token.  On a terminal: type a message, read the reply, "
+                    "and so on; /reset starts a new conversation, /exit, Ctrl-D or Ctrl-C ends it.  "
+                    "Without a terminal each line of standard input is one user message.  With "
+                    "--message: print that one reply and exit.",
+        epilog="Examples: cyformer chat --model HuggingFaceTB/SmolLM2-135M-Instruct;  "
+               "cyformer chat --model DIR --system 'Answer in one word.' --message 'Capital of France?'")
+    _model_args(c)
+    c.add_argument("--message", metavar="TEXT", default=None,
+                   help="send this one user message, print only the reply, and exit")
+    c.add_argument("--system", metavar="TEXT", default=None,
+                   help="a system message that opens the conversation")
+    c.add_argument("-n", "--max-new-tokens", type=_nonneg_int, default=256, metavar="N",
+                   help="at most N tokens per reply (default: 256)")
+    _sampling_args(c)
+    c.add_argument("-v", "--verbose", action="store_true",
+                   help="print token counts and tokens/s of each reply to standard error")
 
     i = sub.add_parser("info", help="show a model's config, parameter count, file size and the build",
                        description="Print the model's configuration, parameter count, weights file "
@@ -118,6 +131,35 @@ def build_parser():
     return parser
 
 
+def _sampling_args(p):
+    p.add_argument("-t", "--temperature", type=float, default=None,
+                   help="sampling temperature; 0 is greedy decoding (default: the model's "
+                        "generation_config.json, else 0)")
+    p.add_argument("--top-k", type=_positive_int, default=None, metavar="K",
+                   help="sample only from the K most likely tokens "
+                        "(default: the model's generation_config.json, else all)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="nucleus sampling: the smallest set of tokens with probability >= P, 0 < P <= 1 "
+                        "(default: the model's generation_config.json, else off)")
+    p.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
+                   help="R > 1 makes tokens already in the text less likely")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop when TEXT appears (not printed); may be given several times")
+    p.add_argument("--seed", type=_nonneg_int, default=None,
+                   help="random seed: the same seed gives the same text")
+
+
+def _sampling(args):
+    """The sampling options; one not given takes the model's default."""
+    from .model_files import DEFAULT
+
+    def given(v):
+        return DEFAULT if v is None else v
+
+    return dict(temperature=given(args.temperature), top_k=given(args.top_k), top_p=given(args.top_p),
+                repetition_penalty=given(args.repetition_penalty), stop=args.stop, seed=args.seed)
+
+
 def _load(args):
     import cyformer
 
@@ -127,10 +169,7 @@ def _load(args):
 def cmd_generate(args):
     model = _load(args)
     # Validate every argument (by building the stream) before printing anything.
-    stream = model.stream(args.prompt, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          repetition_penalty=args.repetition_penalty, stop=args.stop,
-                          seed=args.seed)
+    stream = model.stream(args.prompt, max_new_tokens=args.max_new_tokens, **_sampling(args))
     out = sys.stdout
     if not args.no_prompt:
         out.write(args.prompt)
@@ -141,14 +180,89 @@ def cmd_generate(args):
     out.write("\n")
     out.flush()
     if args.verbose:
-        s = stream.stats
-        tps = s["decode_tokens_per_s"]
-        print(f"[cyformer] prompt {s['prompt_tokens']} tokens, generated {s['new_tokens']} "
-              f"({s['finish_reason']}); time to first token {s['time_to_first_token_s'] * 1e3:.1f} ms; "
-              f"decode {tps:.1f} tokens/s; threads {model.threads}" if tps else
-              f"[cyformer] prompt {s['prompt_tokens']} tokens, generated {s['new_tokens']} "
-              f"({s['finish_reason']}); time to first token {s['time_to_first_token_s'] * 1e3:.1f} ms",
+        _print_stats(stream.stats, model.threads)
+    return 0
+
+
+def _print_stats(s, threads):
+    tps = s["decode_tokens_per_s"]
+    print(f"[cyformer] prompt {s['prompt_tokens']} tokens, generated {s['new_tokens']} "
+          f"({s['finish_reason']}); time to first token {s['time_to_first_token_s'] * 1e3:.1f} ms; "
+          f"decode {tps:.1f} tokens/s; threads {threads}" if tps else
+          f"[cyformer] prompt {s['prompt_tokens']} tokens, generated {s['new_tokens']} "
+          f"({s['finish_reason']}); time to first token {s['time_to_first_token_s'] * 1e3:.1f} ms",
+          file=sys.stderr)
+
+
+def _read_message(interactive):
+    """The next user line, or None at the end of input."""
+    try:
+        line = input("> ") if interactive else sys.stdin.readline()
+    except EOFError:
+        return None
+    if not interactive and not line:
+        return None
+    return line.rstrip("\n")
+
+
+def cmd_chat(args):
+    from .chat import ChatTemplate
+
+    model = _load(args)
+    ChatTemplate.of(model)  # no template: say so before reading anything
+    opening = [] if args.system is None else [{"role": "system", "content": args.system}]
+    sampling = _sampling(args)
+    # Bad values fail here, before any input is read.
+    model.generation_config.sampling(**{k: v for k, v in sampling.items() if k != "stop"})
+    out = sys.stdout
+
+    def reply(messages):
+        stream = model.chat_stream(messages, max_new_tokens=args.max_new_tokens, **sampling)
+        pieces = []
+        for piece in stream:
+            pieces.append(piece)
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+        out.flush()
+        if args.verbose:
+            _print_stats(stream.stats, model.threads)
+        return "".join(pieces)
+
+    if args.message is not None:
+        reply(opening + [{"role": "user", "content": args.message}])
+        return 0
+
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:  # pragma: no cover - not on every platform
+            pass
+        print(f"[cyformer] chatting with {model.path}; /reset starts over, /exit or Ctrl-D ends",
               file=sys.stderr)
+    messages = list(opening)
+    try:
+        while True:
+            text = _read_message(interactive)
+            if text is None or text.strip() == "/exit":
+                break
+            if text.strip() == "/reset":
+                messages = list(opening)
+                continue
+            if not text.strip():
+                continue
+            turn = messages + [{"role": "user", "content": text}]
+            try:
+                answer = reply(turn)
+            except ValueError as e:  # the conversation outgrew the context: keep the loop
+                print(f"cyformer: error: {e}; /reset starts a new conversation", file=sys.stderr)
+                continue
+            messages = turn + [{"role": "assistant", "content": answer}]
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+    if interactive:
+        print(file=sys.stderr)
     return 0
 
 
@@ -241,7 +355,8 @@ def main(argv=None):
     from .errors import CyformerError
 
     try:
-        return {"generate": cmd_generate, "info": cmd_info, "inspect": cmd_inspect}[args.command](args)
+        return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info,
+                "inspect": cmd_inspect}[args.command](args)
     except (CyformerError, ValueError, OSError) as e:
         if isinstance(e, BrokenPipeError):
             # The reader went away (e.g. `| head`): not an error of ours.  Point

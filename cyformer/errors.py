@@ -11,3 +11,7 @@ class ModelLoadError(CyformerError):
 
 class TokenizerError(CyformerError):
     """Text was given or asked for, but the model has no usable tokenizer."""
+
+
+class ChatTemplateError(CyformerError):
+    """The model has no chat template, or its template failed on the messages given."""

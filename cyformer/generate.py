@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 from . import _checks
-from .sampling import Sampler, SamplingParams
+from .model_files import DEFAULT
+from .sampling import Sampler
 
 # Why a generation ended.
 LENGTH = "length"    # max_new_tokens reached
@@ -74,15 +75,18 @@ class Generation:
     stop string.  After the loop, ``finish_reason`` says why it ended.
     """
 
-    def __init__(self, model, prompt, max_new_tokens=64, temperature=0.0, top_k=None,
-                 top_p=None, repetition_penalty=None, stop=None, seed=None, cache_names=None):
+    def __init__(self, model, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT,
+                 top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None,
+                 *, add_special_tokens=True, end_ids=()):
+        # add_special_tokens: encode a str prompt as transformers does (bos where
+        # the tokenizer adds one); end_ids: more ids that end it as eos does.
         cfg = model.config
         self.model = model
         self.text_mode = isinstance(prompt, str)
         if self.text_mode:
             if not prompt:
                 raise ValueError("prompt must not be empty")
-            prompt_ids = model.tokenizer.encode(prompt)
+            prompt_ids = model.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         else:
             prompt_ids = prompt
         ids = _checks.token_ids("generate", "prompt", prompt_ids, cfg.vocab_size, ndim=1)
@@ -93,7 +97,9 @@ class Generation:
         self.max_new_tokens = _checks.integer("generate", "max_new_tokens", max_new_tokens)
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        self.params = SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
+        # DEFAULT: the checkpoint's value (generation_config.json)
+        self.params = model.generation_config.sampling(temperature, top_k, top_p, repetition_penalty, seed)
+        self.eos_ids = model.generation_config.eos_ids(cfg) | frozenset(end_ids)
         has_text = self.text_mode or model.tokenizer.available
         self.stop_strings, self.stop_ids = _check_stop(stop, has_text)
         self.prompt_ids = ids
@@ -141,7 +147,7 @@ class Generation:
             tok = sampler(logits, context)
             if t_first is None:
                 t_first = time.perf_counter()
-            if tok in cfg.eos_token_ids:
+            if tok in self.eos_ids:
                 reason = EOS
                 break
             if tok in self.stop_ids:

@@ -2,9 +2,11 @@
 
 import os
 
+from . import hub
 from .config import read_config
 from .errors import ModelLoadError
 from .model import Model
+from .model_files import read_generation_config
 from .tokenizer import load_tokenizer
 from .weights import load_weights
 
@@ -18,7 +20,11 @@ def default_model_path():
 
 def load(path=None, *, threads=None, backend="cython"):
     """Load a GPT-2 checkpoint directory: config.json, model.safetensors and,
-    when present, tokenizer.json.  With no path, the bundled default model.
+    when present, tokenizer.json, tokenizer_config.json (special tokens, chat
+    template) and generation_config.json (eos ids, sampling defaults).  With
+    no path, the bundled default model.  A Hugging Face Hub name such as
+    "owner/name" that is not a directory is fetched or found in the local
+    Hub cache (cyformer.hub; needs ``pip install cyformer[hub]``).
 
     threads: kernel threads; default OMP_NUM_THREADS or the cores this
     process may run on.  backend: "cython" (compiled kernels, default),
@@ -29,9 +35,12 @@ def load(path=None, *, threads=None, backend="cython"):
         path = default_model_path() if path is None else os.fspath(path)
     except TypeError:
         raise ValueError(f"load: path must be a str or os.PathLike, got {path!r}") from None
+    path = hub.resolve(path)  # a Hub name ("owner/name") -> its cached snapshot
     if not os.path.isdir(path):
         raise ModelLoadError(f"{path}: model directory not found")
     cfg = read_config(os.path.join(path, "config.json"))
     weights = load_weights(path, cfg)
     tokenizer = load_tokenizer(path)
-    return Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend)
+    generation = read_generation_config(path, cfg.vocab_size)
+    return Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend,
+                 generation_config=generation)

@@ -16,6 +16,7 @@ from . import _checks
 from .backends import make_backend
 from .config import Config
 from .generate import Generation, Stream
+from .model_files import DEFAULT, GenerationConfig
 from .tokenizer import NoTokenizer
 from .weights import Weights
 
@@ -28,8 +29,10 @@ class Model:
     """
 
     def __init__(self, cfg: Config, weights: Weights, threads=None, path=None, tokenizer=None,
-                 backend="cython"):
+                 backend="cython", generation_config: GenerationConfig = None):
         self.config = cfg
+        # eos ids and default sampling values (generation_config.json)
+        self.generation_config = generation_config if generation_config is not None else GenerationConfig()
         self.weights = weights
         self.path = path
         self.tokenizer = tokenizer if tokenizer is not None else NoTokenizer(path)
@@ -144,15 +147,20 @@ class Model:
 
     # -- generation -------------------------------------------------------
 
-    def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None,
-                 repetition_penalty=None, stop=None, seed=None, cache_names=None):
+    def generate(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
+                 repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None):
         """Continue ``prompt`` (a str, or a sequence of token ids).
 
         Returns the new text (a str with ``.token_ids``, ``.finish_reason`` and
         ``.stats``) for a str prompt, or the new token ids (a list with
         ``.finish_reason`` and ``.stats``) for an ids prompt.
-        temperature 0 is greedy; ``seed`` makes sampling reproducible.  It stops
-        at max_new_tokens ("length"), the eos token ("eos"), a stop string or
+        temperature 0 is greedy; ``seed`` makes sampling reproducible.  A
+        sampling argument not given takes the checkpoint's value from
+        generation_config.json (``generation_config.sampling()``); without that
+        file, greedy with no filters; None switches a filter off.  A str prompt
+        is encoded as transformers does (with bos where the tokenizer adds one).
+        It stops at max_new_tokens ("length"), an eos token ("eos": config.json's
+        eos_token_id, or generation_config.json's list), a stop string or
         stop token id ("stop"; a stop string is cut from the text), or when the
         n_positions context is full ("context").
 
@@ -168,10 +176,27 @@ class Model:
         return Generation(self, prompt, max_new_tokens, temperature, top_k, top_p,
                           repetition_penalty, stop, seed, cache_names).result()
 
-    def stream(self, prompt, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None,
-               repetition_penalty=None, stop=None, seed=None):
+    def stream(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
+               repetition_penalty=DEFAULT, stop=None, seed=None):
         """Like generate(), but yields pieces as they are produced: str pieces
         (never splitting a UTF-8 character) for a str prompt, int ids for an
         ids prompt.  The returned iterator has ``finish_reason`` once exhausted."""
         return Stream(Generation(self, prompt, max_new_tokens, temperature, top_k, top_p,
                                  repetition_penalty, stop, seed))
+
+    def chat(self, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
+             repetition_penalty=DEFAULT, stop=None, seed=None, template_vars=None):
+        """The assistant's reply to ``messages`` ([{"role": ..., "content": ...}, ...]),
+        rendered with the checkpoint's chat template (cyformer.chat) and ended
+        at its end-of-turn token.  Sampling arguments as for generate(); returns
+        its result type for a str prompt."""
+        from .chat import chat_generation
+        return chat_generation(self, messages, max_new_tokens, temperature, top_k, top_p,
+                               repetition_penalty, stop, seed, template_vars).result()
+
+    def chat_stream(self, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT,
+                    top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, template_vars=None):
+        """Like chat(), but yields the reply's str pieces as stream() does."""
+        from .chat import chat_generation
+        return Stream(chat_generation(self, messages, max_new_tokens, temperature, top_k, top_p,
+                                      repetition_penalty, stop, seed, template_vars))

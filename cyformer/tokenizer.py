@@ -3,6 +3,7 @@
 import os
 
 from .errors import ModelLoadError, TokenizerError
+from .model_files import TokenizerConfig, read_tokenizer_config
 
 
 class Tokenizer:
@@ -10,7 +11,7 @@ class Tokenizer:
 
     available = True
 
-    def __init__(self, path):
+    def __init__(self, path, config=None):
         try:
             from tokenizers import Tokenizer as _HFTokenizer
         except ImportError:  # pragma: no cover
@@ -20,21 +21,39 @@ class Tokenizer:
         except Exception as e:  # the Rust side raises a bare Exception
             raise ModelLoadError(f"{path}: not a readable tokenizer.json ({e})") from None
         self.path = os.fspath(path)
+        self.config = config if config is not None else TokenizerConfig()
+        self.bos_id = None  # prepended to prompts when tokenizer_config.json says add_bos_token
+        if self.config.add_bos_token:
+            bos = self.config.special_tokens.get("bos_token")
+            self.bos_id = None if bos is None else self._tok.token_to_id(bos)
+            if self.bos_id is None:
+                raise ModelLoadError(f"{self.path}: tokenizer_config.json sets add_bos_token but its "
+                                     f"bos_token {bos!r} is not a token of tokenizer.json")
 
     @property
     def vocab_size(self):
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text):
+    def encode(self, text, add_special_tokens=False):
+        """text -> ids.  add_special_tokens: as a prompt, through tokenizer.json's
+        post-processor, and starting with bos when add_bos_token asks for it
+        (once: a post-processor may already have put it there)."""
         if not isinstance(text, str):
             raise ValueError(f"encode: text must be a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=False).ids
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        return ids
 
     def decode(self, ids):
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def token_to_id(self, token):
         return self._tok.token_to_id(token)
+
+    def special_tokens(self):
+        """Text -> id of every added token marked special (<|im_end|>, <|eot_id|>, ...)."""
+        return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     def stream(self):
         return StreamDecoder(self)
@@ -69,19 +88,22 @@ class NoTokenizer:
 
     available = False
 
-    def __init__(self, directory):
+    def __init__(self, directory, config=None):
         self.directory = directory
+        self.config = config if config is not None else TokenizerConfig()
 
-    def _fail(self, *_):
+    def _fail(self, *_, **__):
         raise TokenizerError(
             f"{self.directory}: no tokenizer.json, so text cannot be encoded or decoded; "
             "pass token ids instead")
 
-    encode = decode = stream = token_to_id = _fail
+    encode = decode = stream = token_to_id = special_tokens = _fail
 
 
 def load_tokenizer(directory):
+    """tokenizer.json with what tokenizer_config.json adds to it, or a NoTokenizer."""
+    config = read_tokenizer_config(directory)
     path = os.path.join(directory, "tokenizer.json")
     if os.path.isfile(path):
-        return Tokenizer(path)
-    return NoTokenizer(directory)
+        return Tokenizer(path, config)
+    return NoTokenizer(directory, config)

@@ -50,6 +50,8 @@ fi
 "$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" "$ROOT/tests/test_kernels.py" \
     "$ROOT/tests/test_fuzz.py" -k kernel
 "$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" "$ROOT/tests/test_decode.py"
+"$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" "$ROOT/tests/test_llama.py" \
+    -k "logits_match or decode_steps"
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$ROOT/$WHEEL"
 
 # The full suite below runs the best kernel level this CPU has; the kernel,
@@ -62,6 +64,8 @@ for LV in $LEVELS; do
     echo "kernel level $LV:"
     CYFORMER_ISA=$LV "$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" \
         "$ROOT/tests/test_kernels.py" "$ROOT/tests/test_decode.py" "$ROOT/tests/test_backends.py"
+    CYFORMER_ISA=$LV "$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" \
+        "$ROOT/tests/test_llama.py" -k "logits_match or backends_agree or decode_steps"
 done
 
 # The benchmark, as a smoke test only (timings on a shared machine are not checked).
