@@ -1,4 +1,4 @@
-"""cyformer.load(): a Hugging Face GPT-2 directory -> Model."""
+"""cyformer.load(): a Hugging Face checkpoint directory (or Hub name) -> Model."""
 
 import os
 
@@ -18,7 +18,7 @@ def default_model_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", DEFAULT_MODEL)
 
 
-def load(path=None, *, threads=None, backend="cython"):
+def load(path=None, *, threads=None, backend="cython", dtype=None):
     """Load a GPT-2 checkpoint directory: config.json, model.safetensors and,
     when present, tokenizer.json, tokenizer_config.json (special tokens, chat
     template) and generation_config.json (eos ids, sampling defaults).  With
@@ -28,9 +28,18 @@ def load(path=None, *, threads=None, backend="cython"):
 
     threads: kernel threads; default OMP_NUM_THREADS or the cores this
     process may run on.  backend: "cython" (compiled kernels, default),
-    "numpy" (vectorised reference) or "naive" (pure-Python teaching code).  Raises ModelLoadError naming the file, key or tensor
-    that is missing or malformed.
+    "numpy" (vectorised reference) or "naive" (pure-Python teaching code).
+    dtype: the format of the weight matrices (cyformer.formats): "float32",
+    "bfloat16", "int8" or "int4", converted at load from a float32, float16
+    or bfloat16 checkpoint; None keeps what the directory holds (float32 for
+    a Hugging Face checkpoint, the saved format for one written by
+    Model.save).  Raises ModelLoadError naming the file, key or tensor that
+    is missing or malformed.
     """
+    from .formats import check_format
+
+    if dtype is not None:
+        check_format("load", dtype)
     try:
         path = default_model_path() if path is None else os.fspath(path)
     except TypeError:
@@ -39,8 +48,29 @@ def load(path=None, *, threads=None, backend="cython"):
     if not os.path.isdir(path):
         raise ModelLoadError(f"{path}: model directory not found")
     cfg = read_config(os.path.join(path, "config.json"))
-    weights = load_weights(path, cfg)
+    weights = load_weights(path, cfg, dtype=dtype, progress=_progress(cfg, dtype))
     tokenizer = load_tokenizer(path)
     generation = read_generation_config(path, cfg.vocab_size)
     return Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend,
                  generation_config=generation)
+
+
+def _progress(cfg, dtype):
+    """A progress bar for converting a large model (tqdm, when installed)."""
+    if dtype in (None, "float32") or cfg.n_params() < 50_000_000:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    bar = None
+
+    def update(done, total):
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=f"converting to {dtype}", unit="tensor", leave=False)
+        bar.update(done - bar.n)
+        if done == total:
+            bar.close()
+
+    return update

@@ -39,12 +39,36 @@ class Model:
         self.threads = _checks.threads("load", threads)
         self.backend = make_backend(backend, cfg, weights, self.threads)
         self._parts = None
+        self._float_weights = None
+
+    @property
+    def dtype(self):
+        """The format of the weight matrices: "float32", "bfloat16", "int8" or "int4"."""
+        from .weights import weight_format
+        return weight_format(self.weights)
+
+    @property
+    def float_weights(self):
+        """The weights with every matrix as float32 (the weights themselves
+        for a float32 model; dequantized once, on first use, otherwise)."""
+        if self._float_weights is None:
+            from .weights import dequantized
+            self._float_weights = dequantized(self.weights)
+        return self._float_weights
+
+    def save(self, directory):
+        """Write the model, in its weight format, as a Hugging Face-style
+        directory that ``cyformer.load(directory)`` maps without converting
+        (config, tokenizer files, model.safetensors; cyformer.saving)."""
+        from .saving import save
+        return save(self, directory)
 
     def __repr__(self):
         c = self.config
         kv = f" ({c.n_kv_head} key/value)" if c.n_kv_head != c.n_head else ""
-        return (f"<cyformer.Model {c.model_type} ({self.backend.name}) {c.n_layer} layers, d_model {c.n_embd}, "
-                f"{c.n_head} heads{kv}, vocab {c.vocab_size}, context {c.n_positions}, threads {self.threads}>")
+        return (f"<cyformer.Model {c.model_type} ({self.backend.name}, {self.dtype}) {c.n_layer} layers, "
+                f"d_model {c.n_embd}, {c.n_head} heads{kv}, vocab {c.vocab_size}, context {c.n_positions}, "
+                f"threads {self.threads}>")
 
     def forward(self, ids):
         """Logits for every position: ids [T] -> [T, V], or [B, T] -> [B, T, V] (float32).
@@ -76,14 +100,14 @@ class Model:
         ``blocks[i].mlp.neurons[n]`` (read, bias, write); views of the weights."""
         if self._parts is None:
             from .parts import model_blocks
-            self._parts = model_blocks(self.config, self.weights)
+            self._parts = model_blocks(self.config, self.float_weights)
         return self._parts
 
     @property
     def unembed(self):
         """``unembed[token]`` -> that token's logit direction [C] (a row of lm_head, read-only)."""
         from .parts import Unembed
-        return Unembed(self.weights.lm_head)
+        return Unembed(self.float_weights.lm_head)
 
     def hook_names(self):
         """Every hook point's name, in the order the forward pass reaches them."""

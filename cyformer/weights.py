@@ -384,11 +384,20 @@ def _prefix(names, family, path):
     return ""
 
 
+def _metadata(f, path):
+    """The header's __metadata__ (strings only), read after read_header checked it."""
+    f.seek(0)
+    n = int.from_bytes(f.read(8), "little")
+    meta = json.loads(f.read(n).decode("utf-8")).get("__metadata__") or {}
+    return {k: v for k, v in meta.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 class _Checkpoint:
     """Every tensor's header entry across the shards, files open for reading."""
 
     def __init__(self, path):
         files, wmap = _shard_files(path)
+        self.metadata = {}
         self.files = {}
         self.where = {}  # name -> (shard path, TensorInfo, data start)
         try:
@@ -396,6 +405,8 @@ class _Checkpoint:
                 f = open(shard, "rb")
                 self.files[shard] = f
                 entries, data_start = read_header(f, shard, os.fstat(f.fileno()).st_size)
+                if shard == files[0]:
+                    self.metadata = _metadata(f, shard)
                 for name, info in entries.items():
                     if name in self.where:
                         raise ModelLoadError(f"{shard}: tensor {_short(name)} is also in "
@@ -456,13 +467,26 @@ def _fill(ck, src, slot):
         o += n
 
 
-def load_weights(path: str, cfg: Config) -> Weights:
+MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+TRANSPOSED = ("wte", "lm_head")  # stored a row per token
+
+
+def is_matrix(param):
+    """True for the parameters a weight format converts (every product's
+    weights, the embedding and the unembedding); norms and biases stay float32."""
+    return param in TRANSPOSED or param.endswith(MATRICES)
+
+
+def load_weights(path: str, cfg: Config, dtype=None, progress=None) -> Weights:
     """Read the checkpoint at ``path`` (a model directory holding
     model.safetensors or a sharded model.safetensors.index.json, or a
     safetensors file) and check it against ``cfg``.
 
     Float16, bfloat16 and float64 tensors are converted to float32; integer
-    tensors are refused.  NaN or Inf in a tensor is warned about.  Raises
+    tensors are refused.  NaN or Inf in a tensor is warned about.  dtype
+    (cyformer.formats): the weight matrices are converted to it one at a
+    time as they are read, so the float32 copy of the whole model never
+    exists.  progress: a callable(done, total) called per parameter.  Raises
     ModelLoadError naming the file and tensor for anything malformed.
     """
     try:
@@ -471,14 +495,16 @@ def load_weights(path: str, cfg: Config) -> Weights:
         raise ModelLoadError(f"load_weights: path must be a str or os.PathLike, got {path!r}") from None
     ck = _Checkpoint(path)
     try:
-        return _load(ck, cfg)
+        if ck.metadata.get(SAVED_LAYOUT_KEY) is not None:
+            return _load_saved(ck, cfg, dtype)
+        return _load(ck, cfg, dtype or "float32", progress)
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
     finally:
         ck.close()
 
 
-def _load(ck, cfg):
+def _load(ck, cfg, dtype="float32", progress=None):
     family = cfg.family
     prefix = _prefix(ck.where, family, ck.path)
     sources = family.sources(cfg, prefix)
@@ -501,18 +527,142 @@ def _load(ck, cfg):
                       f"{_short(unexpected[:3])}")
     from safetensors import SafetensorError
 
+    from .formats import quantize
+
     params = {}
+    packed = [p for p in wanted if dtype != "float32" and is_matrix(p)]
     try:
-        main = [p for p in wanted if p != "lm_head"]
+        main = [p for p in wanted if p != "lm_head" and p not in packed]
         slots = dict(zip(main, _float32_slots([shapes[p] for p in main])))
-        if want_lm:  # its own arena: freed again when it equals wte
+        if want_lm and "lm_head" not in packed:  # its own arena: freed again when it equals wte
             slots["lm_head"] = _float32_slots([shapes["lm_head"]])[0]
-        for p in wanted:
-            _fill(ck, sources[p], slots[p])
-            slots[p].flags.writeable = False  # shared by every generation: never written
-            params[p] = slots[p]
+        for i, p in enumerate(wanted):
+            if p in packed:  # read, convert, and let the float32 copy go
+                tmp = np.empty(shapes[p], dtype=np.float32)
+                _fill(ck, sources[p], tmp)
+                params[p] = quantize(tmp, dtype, transposed=p in TRANSPOSED)
+                del tmp
+            else:
+                _fill(ck, sources[p], slots[p])
+                slots[p].flags.writeable = False  # shared by every generation: never written
+                params[p] = slots[p]
+            if progress is not None:
+                progress(i + 1, len(wanted))
     except SafetensorError as e:  # the header passed our checks, so this is rare
         raise ModelLoadError(f"{ck.path}: the safetensors package could not read it ({e})") from None
-    if "lm_head" in params and np.array_equal(params["lm_head"], params["wte"]):
+    if "lm_head" in params and _same(params["lm_head"], params["wte"]):
         del params["lm_head"]  # tied: one array serves both ends
     return Weights.from_params(cfg, params)
+
+
+# Written by cyformer.saving: cyformer's parameter names, the kernel layout,
+# matrices in the format the metadata names.
+SAVED_LAYOUT_KEY = "cyformer.layout"
+SAVED_FORMAT_KEY = "cyformer.format"
+SAVED_GROUP_KEY = "cyformer.group"
+STORAGE = {"float32": ("F32", np.float32), "bfloat16": ("BF16", np.uint16), "int8": ("I8", np.int8),
+           "int4": ("U8", np.uint8)}
+
+
+def stored_shapes(param, shape, fmt):
+    """(data shape, scale shape or None) of a parameter saved in format fmt."""
+    if fmt == "float32" or not is_matrix(param):
+        return shape, None
+    t = param in TRANSPOSED
+    K, N = (shape[1], shape[0]) if t else shape
+    ng = -(-K // 32)
+    if fmt == "bfloat16":
+        return shape, None
+    if fmt == "int8":
+        return shape, (N,)
+    data = (N, -(-K // 2)) if t else (-(-K // 2), N)
+    return data, ((N, ng) if t else (ng, N))
+
+
+def _load_saved(ck, cfg, dtype):
+    """A model written by Model.save(): memory-mapped, nothing converted."""
+    from .formats import FORMATS, Packed
+
+    meta = ck.metadata
+    fmt = meta.get(SAVED_FORMAT_KEY)
+    if meta.get(SAVED_LAYOUT_KEY) != "kernel" or fmt not in FORMATS:
+        raise ModelLoadError(f"{ck.path}: unknown weight format {_short(fmt)} / layout "
+                             f"{_short(meta.get(SAVED_LAYOUT_KEY))} (known: {', '.join(FORMATS)})")
+    if meta.get(SAVED_GROUP_KEY, "32") != "32":
+        raise ModelLoadError(f"{ck.path}: int4 groups of {meta.get(SAVED_GROUP_KEY)[:20]} inputs; "
+                             "this version reads groups of 32")
+    if dtype not in (None, fmt):
+        raise ModelLoadError(f"{ck.path}: the weights are saved as {fmt}; load with dtype={fmt!r} (or "
+                             "convert from the original checkpoint)")
+    shapes = {**global_shapes(cfg),
+              **{f"blocks.{i}.{n}": s for i in range(cfg.n_layer) for n, s in layer_shapes(cfg).items()}}
+    if "lm_head" not in ck.where:
+        shapes.pop("lm_head")  # tied
+    params = {}
+
+    def mapped(name, want_shape):
+        if name not in ck.where:
+            raise ModelLoadError(f"{ck.path}: missing tensor {name!r} (a {fmt} model saved by cyformer)")
+        shard, info, data_start = ck.where[name]
+        tag, np_dtype = STORAGE[fmt] if name.endswith(".weight") or name in TRANSPOSED else STORAGE["float32"]
+        if name.endswith(".scale"):
+            tag, np_dtype = STORAGE["float32"]
+        if info.dtype != tag or info.shape != tuple(want_shape):
+            raise ModelLoadError(f"{shard}: tensor {name!r} is {info.dtype} {info.shape}; a {fmt} model "
+                                 f"needs {tag} {tuple(want_shape)}")
+        if info.end == info.begin:
+            return np.zeros(want_shape, dtype=np_dtype)
+        return np.memmap(shard, dtype=np_dtype, mode="r", offset=data_start + info.begin, shape=want_shape)
+
+    for p, shape in shapes.items():
+        if shape is None:
+            continue
+        data_shape, scale_shape = stored_shapes(p, shape, fmt)
+        if fmt == "float32" or not is_matrix(p):
+            tag = "F32"
+            if p not in ck.where:
+                raise ModelLoadError(f"{ck.path}: missing tensor {p!r} (a {fmt} model saved by cyformer)")
+            shard, info, data_start = ck.where[p]
+            if info.dtype != tag or info.shape != tuple(shape):
+                raise ModelLoadError(f"{shard}: tensor {p!r} is {info.dtype} {info.shape}; expected "
+                                     f"F32 {tuple(shape)}")
+            params[p] = np.memmap(shard, dtype=np.float32, mode="r", offset=data_start + info.begin,
+                                  shape=shape)
+            continue
+        data = mapped(p, data_shape)
+        scale = mapped(p + ".scale", scale_shape) if scale_shape is not None else None
+        if scale is not None and not np.isfinite(scale).all():
+            raise ModelLoadError(f"{ck.path}: tensor {p + '.scale'!r} holds NaN or Inf")
+        params[p] = Packed(fmt, data, scale, tuple(shape), p in TRANSPOSED)
+    return Weights.from_params(cfg, params)
+
+
+def _same(a, b):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
+    return (a.fmt == b.fmt and np.array_equal(a.data, b.data)
+            and (a.scale is None or np.array_equal(a.scale, b.scale)))
+
+
+def dequantized(w: Weights) -> Weights:
+    """The same weights with every Packed matrix widened to float32 (the
+    reference backends and the weight views read these); w itself when
+    nothing is packed."""
+    from .formats import Packed, dequantize
+
+    if not isinstance(w.wte, Packed) and not any(isinstance(b.c_attn.weight, Packed) for b in w.blocks):
+        return w
+    import dataclasses
+
+    def lin(l):
+        return dataclasses.replace(l, weight=dequantize(l.weight))
+
+    blocks = tuple(dataclasses.replace(b, c_attn=lin(b.c_attn), attn_c_proj=lin(b.attn_c_proj),
+                                       c_fc=lin(b.c_fc), mlp_c_proj=lin(b.mlp_c_proj)) for b in w.blocks)
+    wte = dequantize(w.wte)
+    return dataclasses.replace(w, wte=wte, blocks=blocks, lm_head=wte if w.tied else dequantize(w.lm_head))
+
+
+def weight_format(w: Weights) -> str:
+    from .formats import Packed
+    return w.blocks[0].c_attn.weight.fmt if isinstance(w.blocks[0].c_attn.weight, Packed) else "float32"

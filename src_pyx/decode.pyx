@@ -33,7 +33,8 @@ cimport numpy as cnp
 from ._util cimport cptr, f32, wptr
 from .activations cimport ACT_NONE, ACT_SWIGLU
 from .attention cimport append_kv_head, attend_one, attend_one_scratch_size, rope_head
-from .linalg cimport GEMV_COLS, Epilogue, Team, gemv_partials_size, gemv_team, team_of
+from .linalg cimport (GEMV_COLS, Epilogue, Team, Wt, dequant_row, gemv_partials_size, gemv_team,
+                      team_of, weights_of)
 from .norm cimport norm_row
 from .simd cimport cyf_swiglu_n
 from .team cimport cyf_team_size, cyf_barrier
@@ -48,15 +49,15 @@ cnp.import_array()
 cdef struct Layer:  # one block's weights (kernel layout; biases may be NULL)
     const float* ln1_g
     const float* ln1_b
-    const float* attn_w
+    Wt attn_w
     const float* attn_b
-    const float* attn_proj_w
+    Wt attn_proj_w
     const float* attn_proj_b
     const float* ln2_g
     const float* ln2_b
-    const float* fc_w
+    Wt fc_w
     const float* fc_b
-    const float* mlp_proj_w
+    Wt mlp_proj_w
     const float* mlp_proj_b
 
 
@@ -64,13 +65,13 @@ cdef struct Net:  # everything a step reads besides the layers and the cache
     Py_ssize_t n_layer, C, H, G, D, F, V
     float eps
     int norm, act
-    const float* wte
+    Wt wte                 # [V, C], rows read by the embedding lookup
     const float* wpe       # NULL for rotary models
     const float* rope_cos  # [P, D/2], NULL without rotary embeddings
     const float* rope_sin
     const float* lnf_g
     const float* lnf_b
-    const float* lm_head
+    Wt lm_head             # [V, C]
 
 
 cdef struct Scratch:  # memory of one step
@@ -116,8 +117,7 @@ cdef void _step(const Net* net, const Layer* layers, Py_ssize_t token, float* k_
         acc = x + C
         s = acc + GEMV_COLS
         if team.tid == 0:
-            for c in range(C):
-                resid[c] = net.wte[token * C + c]
+            dequant_row(resid, net.wte, token, C)
             if net.wpe != NULL:
                 for c in range(C):
                     resid[c] = resid[c] + net.wpe[past * C + c]
@@ -127,7 +127,7 @@ cdef void _step(const Net* net, const Layer* layers, Py_ssize_t token, float* k_
             kl = k_cache + l * G * D * cap
             vl = v_cache + l * G * cap * D
             norm_row(net.norm, x, resid, ly.ln1_g, ly.ln1_b, C, net.eps, NULL)
-            gemv_team(qkv, x, ly.attn_w, C, NQ, False, _ep(ly.attn_b, ACT_NONE, False),
+            gemv_team(qkv, x, ly.attn_w, C, NQ, _ep(ly.attn_b, ACT_NONE, False),
                       mem.partials, acc, team)
             cyf_barrier()
             # query and key heads (H + G of them) rotated, then cached
@@ -143,12 +143,12 @@ cdef void _step(const Net* net, const Layer* layers, Py_ssize_t token, float* k_
                 attend_one(z + h * D, qkv + h * D, kl + g * D * cap, vl + g * cap * D, L, D, cap,
                            s, L, NULL, NULL, 0)
             cyf_barrier()
-            gemv_team(resid, z, ly.attn_proj_w, H * D, C, False, _ep(ly.attn_proj_b, ACT_NONE, True),
+            gemv_team(resid, z, ly.attn_proj_w, H * D, C, _ep(ly.attn_proj_b, ACT_NONE, True),
                       mem.partials, acc, team)
             cyf_barrier()
             norm_row(net.norm, x, resid, ly.ln2_g, ly.ln2_b, C, net.eps, NULL)
             if gated:
-                gemv_team(gate_up, x, ly.fc_w, C, 2 * F, False, _ep(ly.fc_b, ACT_NONE, False),
+                gemv_team(gate_up, x, ly.fc_w, C, 2 * F, _ep(ly.fc_b, ACT_NONE, False),
                           mem.partials, acc, team)
                 cyf_barrier()
                 # in 16-float pieces, as gemv_team splits its outputs
@@ -157,15 +157,15 @@ cdef void _step(const Net* net, const Layer* layers, Py_ssize_t token, float* k_
                 if f1 > f0:
                     cyf_swiglu_n(hidden + f0, gate_up + f0, gate_up + F + f0, f1 - f0)
             else:
-                gemv_team(hidden, x, ly.fc_w, C, F, False, _ep(ly.fc_b, net.act, False),
+                gemv_team(hidden, x, ly.fc_w, C, F, _ep(ly.fc_b, net.act, False),
                           mem.partials, acc, team)
             cyf_barrier()
-            gemv_team(resid, hidden, ly.mlp_proj_w, F, C, False, _ep(ly.mlp_proj_b, ACT_NONE, True),
+            gemv_team(resid, hidden, ly.mlp_proj_w, F, C, _ep(ly.mlp_proj_b, ACT_NONE, True),
                       mem.partials, acc, team)
             cyf_barrier()
         norm_row(net.norm, x, resid, net.lnf_g, net.lnf_b, C, net.eps, NULL)
         team = team_of(team.tid, team.size, &counters[1])
-        gemv_team(logits, x, net.lm_head, C, net.V, True, _ep(NULL, ACT_NONE, False), NULL, acc, team)
+        gemv_team(logits, x, net.lm_head, C, net.V, _ep(NULL, ACT_NONE, False), NULL, acc, team)
 
 
 cdef class DecodeStep:
@@ -198,7 +198,7 @@ cdef class DecodeStep:
         if cfg.mlp_activation not in MLP_KINDS:
             raise ValueError(f"{fn}: activation must be one of {sorted(MLP_KINDS)}, "
                              f"got {cfg.mlp_activation!r}")
-        keep = []
+        cdef list keep = []
 
         def ptr_of(name, arr, shape):
             # the array's data pointer once it is float32 C-contiguous of `shape`
@@ -215,11 +215,14 @@ cdef class DecodeStep:
             return arr
 
         glob = global_shapes(cfg)
-        wte = ptr_of("wte", weights.wte, glob["wte"])
+        C = cfg.n_embd
+        _checks.shape(fn, "wte", weights.wte, glob["wte"])
+        _checks.shape(fn, "lm_head", weights.lm_head, glob["lm_head"])
+        cdef Wt wte = weights_of(fn, "wte", weights.wte, C, True, keep)
+        cdef Wt lm_head = weights_of(fn, "lm_head", weights.lm_head, C, True, keep)
         wpe = ptr_of("wpe", weights.wpe, glob["wpe"])
         lnf_g = ptr_of("ln_f.weight", weights.ln_f.weight, glob["ln_f.weight"])
         lnf_b = ptr_of("ln_f.bias", weights.ln_f.bias, glob["ln_f.bias"])
-        lm_head = ptr_of("lm_head", weights.lm_head, glob["lm_head"])
         half = cfg.d_head // 2
         if cfg.position == "rotary":
             cos = ptr_of("rope_cos", rope_cos, (cfg.n_positions, half))
@@ -236,17 +239,33 @@ cdef class DecodeStep:
             raise MemoryError()
         cdef Layer* ly
         cdef Py_ssize_t j
+
+        def matrix(j, name):  # a weight matrix [K, N] in any format
+            arr, shape = blocks[j].param(name), shapes[name]
+            where = f"blocks[{j}].{name}"
+            if arr is None:
+                raise ValueError(f"{fn}: {where} is missing")
+            _checks.shape(fn, where, arr, shape)
+            return arr
+
         for j in range(len(blocks)):
             b = blocks[j]
             p = {name: ptr_of(f"blocks[{j}].{name}", b.param(name), shape)
-                 for name, shape in shapes.items()}
+                 for name, shape in shapes.items() if not name.endswith(".weight") or name.startswith("ln_")}
             ly = self.layers + j
             ly.ln1_g, ly.ln1_b = cptr(p["ln_1.weight"]), cptr(p["ln_1.bias"])
-            ly.attn_w, ly.attn_b = cptr(p["attn.c_attn.weight"]), cptr(p["attn.c_attn.bias"])
-            ly.attn_proj_w, ly.attn_proj_b = cptr(p["attn.c_proj.weight"]), cptr(p["attn.c_proj.bias"])
+            ly.attn_w = weights_of(fn, f"blocks[{j}].attn.c_attn.weight",
+                                   matrix(j, "attn.c_attn.weight"), C, False, keep)
+            ly.attn_b = cptr(p["attn.c_attn.bias"])
+            ly.attn_proj_w = weights_of(fn, f"blocks[{j}].attn.c_proj.weight",
+                                        matrix(j, "attn.c_proj.weight"), cfg.n_head * cfg.d_head, False, keep)
+            ly.attn_proj_b = cptr(p["attn.c_proj.bias"])
             ly.ln2_g, ly.ln2_b = cptr(p["ln_2.weight"]), cptr(p["ln_2.bias"])
-            ly.fc_w, ly.fc_b = cptr(p["mlp.c_fc.weight"]), cptr(p["mlp.c_fc.bias"])
-            ly.mlp_proj_w, ly.mlp_proj_b = cptr(p["mlp.c_proj.weight"]), cptr(p["mlp.c_proj.bias"])
+            ly.fc_w = weights_of(fn, f"blocks[{j}].mlp.c_fc.weight", matrix(j, "mlp.c_fc.weight"), C, False, keep)
+            ly.fc_b = cptr(p["mlp.c_fc.bias"])
+            ly.mlp_proj_w = weights_of(fn, f"blocks[{j}].mlp.c_proj.weight",
+                                       matrix(j, "mlp.c_proj.weight"), cfg.d_mlp, False, keep)
+            ly.mlp_proj_b = cptr(p["mlp.c_proj.bias"])
         self.keep = keep
         self.P = cfg.n_positions
         cdef Net* net = &self.net
@@ -255,7 +274,7 @@ cdef class DecodeStep:
         net.eps = float(cfg.norm_eps)
         net.norm = NORM_KINDS[cfg.norm]
         net.act = MLP_KINDS[cfg.mlp_activation]
-        net.wte, net.wpe, net.lm_head = cptr(wte), cptr(wpe), cptr(lm_head)
+        net.wte, net.wpe, net.lm_head = wte, cptr(wpe), lm_head
         net.rope_cos, net.rope_sin = cptr(cos), cptr(sin)
         net.lnf_g, net.lnf_b = cptr(lnf_g), cptr(lnf_b)
 

@@ -11,6 +11,27 @@
 # and then the blocks in order.  How work is split between threads never
 # changes a sum, so results are bitwise identical at any thread count.
 
+# A weight matrix as the kernels read it: float32 or fewer bytes per weight
+# (simd.h's CYF_F32, CYF_BF16, CYF_I8, CYF_I4; cyformer/formats.py), stored
+# [K, N] (in, out), or [N, K] when t (a row per output: the unembedding).
+cdef struct Wt:
+    const void* data
+    const float* scale  # int8: [N], one per output; int4: one per output and group
+                        # of CYF_GROUP inputs, [groups, N] (or [N, groups] when t)
+    int fmt
+    bint t
+    Py_ssize_t ld       # between rows of the stored matrix: elements (int4: bytes,
+                        # a byte row holding two rows of a [K, N] matrix)
+
+cdef inline Wt f32_weights(const float* W, bint t, Py_ssize_t ld) noexcept nogil:
+    cdef Wt w
+    w.data, w.scale, w.fmt, w.t, w.ld = W, NULL, 0, t, ld
+    return w
+
+# The Wt of a float32 ndarray or a cyformer.formats.Packed matrix (checked:
+# 2-D, C-contiguous, K inputs), keeping the arrays alive in `keep`.
+cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, list keep) except *
+
 # Floats of scratch memory that linear() needs for T rows of x [T, K] @ W
 # (W [K, N], or [N, K] with w_t) on nthreads threads.
 cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
@@ -49,8 +70,8 @@ cdef float* scratch_floats(str fn, object workspace, Py_ssize_t n, list keep) ex
 # out = act(x @ W + b) or out += x @ W + b (accumulate), act an activations.Act
 # (an activation and accumulate are never combined).  T < MATVEC_ROWS runs the bandwidth-bound
 # matrix-vector path, otherwise the packed, register-blocked GEMM path.
-cdef void linear(float* out, const float* x, const float* W, const float* b,
-                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+cdef void linear(float* out, const float* x, Wt W, const float* b,
+                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N,
                  int act, bint accumulate, float* scratch, int nthreads) noexcept nogil
 
 # Outputs per thread when a team of nthreads splits N outputs: equal,
@@ -92,13 +113,16 @@ cdef inline Team team_of(int tid, int size, Py_ssize_t* counter) noexcept nogil:
 # contains a barrier.  Pass another barrier before reading out or reusing
 # partials.  Every output is the same sum whatever the team size, and the
 # same as linear() gives for fewer than MATVEC_ROWS rows.
-cdef void gemv_team(float* out, const float* x, const float* W, Py_ssize_t K, Py_ssize_t N,
-                    bint w_t, Epilogue ep, float* partials, float* acc, Team team) noexcept nogil
+cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N,
+                    Epilogue ep, float* partials, float* acc, Team team) noexcept nogil
 
 # out[i] += x[i]
 cdef void add(float* out, const float* x, Py_ssize_t n, int nthreads) noexcept nogil
 
+# row n of an [N, K] matrix in any format, as float32 (the embedding lookup)
+cdef void dequant_row(float* out, Wt W, Py_ssize_t n, Py_ssize_t K) noexcept nogil
+
 # out[t] = wte[ids[t]] + wpe[pos0 + t] (wpe NULL: wte[ids[t]]); ids must
 # already be validated.
-cdef void embed(float* out, const long long* ids, const float* wte, const float* wpe,
+cdef void embed(float* out, const long long* ids, Wt wte, const float* wpe,
                 Py_ssize_t T, Py_ssize_t C, Py_ssize_t pos0, int nthreads) noexcept nogil

@@ -27,8 +27,9 @@ from cyformer import _checks
 
 cnp.import_array()
 
-from .simd cimport (CYF_MR, CYF_NR, cyf_gemm_tile, cyf_dot, cyf_stream_sum, cyf_gelu_new_n,
-                    cyf_gemv_rows)
+from .simd cimport (CYF_MR, CYF_NR, CYF_F32, CYF_BF16, CYF_I8, CYF_I4, CYF_GROUP, cyf_gemm_tile,
+                    cyf_dot, cyf_stream_sum, cyf_gelu_new_n, cyf_gemv_rows, cyf_gemv_rows_q, cyf_dot_q,
+                    cyf_dequant_run, cyf_elem_t)
 from .team cimport cyf_team_size, cyf_barrier, cyf_next_item
 
 cdef enum:
@@ -64,10 +65,14 @@ cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
 
 
 cdef inline void _finish(float* dst, float* acc, const float* bias, Py_ssize_t n,
-                         int act, bint accumulate) noexcept nogil:
-    # dst[j] (=|+=) act(acc[j] + bias[j]) for j < n; acc is scratch and is
+                         int act, bint accumulate, const float* scale=NULL) noexcept nogil:
+    # dst[j] (=|+=) act(acc[j] * scale[j] + bias[j]) for j < n (scale: int8
+    # weights' per-output scales, NULL otherwise); acc is scratch and is
     # overwritten.  GELU-tanh goes through the vectorised exp in simd.h.
     cdef Py_ssize_t j
+    if scale != NULL:
+        for j in range(n):
+            acc[j] = acc[j] * scale[j]
     if bias != NULL:
         for j in range(n):
             acc[j] = acc[j] + bias[j]
@@ -84,19 +89,22 @@ cdef inline void _finish(float* dst, float* acc, const float* bias, Py_ssize_t n
             dst[j] = acc[j]
 
 
-cdef void _pack_panel(float* pack, const float* W, Py_ssize_t K, Py_ssize_t N,
-                      Py_ssize_t n0, Py_ssize_t pw, bint w_t) noexcept nogil:
+cdef void _pack_panel(float* pack, Wt W, Py_ssize_t K, Py_ssize_t N,
+                      Py_ssize_t n0, Py_ssize_t pw) noexcept nogil:
     # Columns n0 .. n0+pw of W into CYF_NR-column strips: pack[s][k][j] =
-    # W(k, n0 + CYF_NR s + j), the last strip zero-padded.  W is read in its own
+    # W(k, n0 + CYF_NR s + j), the last strip zero-padded, widened to float32
+    # (and scaled) when W has fewer bytes per weight.  W is read in its own
     # memory order (whole row runs), which is what keeps this cheap when W
     # comes from DRAM.
     cdef Py_ssize_t nfull = pw // CYF_NR, tail = pw % CYF_NR
-    cdef Py_ssize_t k, j, si, kb, k0, kn
+    cdef Py_ssize_t k, j, si, kb, k0, kn, n, ng = (K + CYF_GROUP - 1) // CYF_GROUP
     cdef const float* row
+    cdef const float* W32 = <const float*>W.data
     cdef float* dst
+    cdef float s
     if tail:
         memset(pack + nfull * K * CYF_NR, 0, K * CYF_NR * sizeof(float))
-    if w_t:  # W is [N, K]: CYF_NR rows of W become one strip, transposed
+    if W.t:  # W is [N, K]: CYF_NR rows of W become one strip, transposed
         # in blocks of PACK_KB values of k, so that the strided writes land
         # in a few KB that stay in L1 (a whole strip's column does not)
         for si in range(nfull + (1 if tail else 0)):
@@ -105,16 +113,34 @@ cdef void _pack_panel(float* pack, const float* W, Py_ssize_t K, Py_ssize_t N,
                 kn = K - k0 if K - k0 < PACK_KB else PACK_KB
                 dst = pack + (si * K + k0) * CYF_NR
                 for j in range(CYF_NR if si < nfull else tail):
-                    row = W + (n0 + si * CYF_NR + j) * K + k0
-                    for k in range(kn):
-                        dst[k * CYF_NR + j] = row[k]
-    else:    # W is [K, N]: each row of W scatters CYF_NR-float runs into the strips
+                    n = n0 + si * CYF_NR + j
+                    if W.fmt == CYF_F32:
+                        row = W32 + n * W.ld + k0
+                        for k in range(kn):
+                            dst[k * CYF_NR + j] = row[k]
+                    else:
+                        for k in range(kn):
+                            s = 1.0
+                            if W.fmt == CYF_I8:
+                                s = W.scale[n]
+                            elif W.fmt == CYF_I4:
+                                s = W.scale[n * ng + (k0 + k) // CYF_GROUP]
+                            dst[k * CYF_NR + j] = cyf_elem_t(W.data, W.fmt, W.ld, n, k0 + k) * s
+    elif W.fmt == CYF_F32:  # W is [K, N]: each row of W scatters CYF_NR-float runs into the strips
         for k in range(K):
-            row = W + k * N + n0
+            row = W32 + k * W.ld + n0
             for si in range(nfull):
                 memcpy(pack + (si * K + k) * CYF_NR, row + si * CYF_NR, CYF_NR * sizeof(float))
             if tail:
                 memcpy(pack + (nfull * K + k) * CYF_NR, row + nfull * CYF_NR, tail * sizeof(float))
+    else:
+        for k in range(K):
+            for si in range(nfull):
+                cyf_dequant_run(W.data, W.fmt, W.ld, W.scale, N, k, n0 + si * CYF_NR, CYF_NR,
+                                pack + (si * K + k) * CYF_NR)
+            if tail:
+                cyf_dequant_run(W.data, W.fmt, W.ld, W.scale, N, k, n0 + nfull * CYF_NR, tail,
+                                pack + (nfull * K + k) * CYF_NR)
 
 
 cdef inline Py_ssize_t _gemm_tail_start(Py_ssize_t N) noexcept nogil:
@@ -125,8 +151,8 @@ cdef inline Py_ssize_t _gemm_tail_start(Py_ssize_t N) noexcept nogil:
     return (N - GEMM_TAIL_COLS) // GEMM_NC * GEMM_NC
 
 
-cdef void _gemm(float* out, const float* x, const float* W, const float* b,
-                Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+cdef void _gemm(float* out, const float* x, Wt W, const float* b,
+                Py_ssize_t T, Py_ssize_t K, Py_ssize_t N,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
     # Panels of GEMM_NC columns are split over threads.  Each panel is packed
     # once, then every 6-row tile of x (in L1) runs across the panel's strips
@@ -153,7 +179,7 @@ cdef void _gemm(float* out, const float* x, const float* W, const float* b,
                 n0 = tail0 + (p - nwide) * GEMM_TAIL_NC
                 pw = N - n0 if N - n0 < GEMM_TAIL_NC else GEMM_TAIL_NC
             nstr = (pw + CYF_NR - 1) // CYF_NR
-            _pack_panel(pack, W, K, N, n0, pw, w_t)
+            _pack_panel(pack, W, K, N, n0, pw)
             for tt in range((T + CYF_MR - 1) // CYF_MR):
                 t0 = tt * CYF_MR
                 rows = <int>(T - t0 if T - t0 < CYF_MR else CYF_MR)
@@ -166,22 +192,59 @@ cdef void _gemm(float* out, const float* x, const float* W, const float* b,
                                 b + ns0 if b != NULL else NULL, nw, act, accumulate)
 
 
-cdef void gemv_cols(float* out, const float* x, const float* W, const float* b,
+cdef void gemv_cols(float* out, const float* x, Wt W, const float* b,
                     Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0, Py_ssize_t n1,
                     int act, bint accumulate, float* acc) noexcept nogil:
     # Outputs n0 .. n1-1 of x @ W.T for W [N, K]: one contiguous dot product
-    # per output, so the range is one contiguous run of W.
-    cdef Py_ssize_t a = n0, nw, j
+    # per output, so the range is one contiguous run of W.  int4: one dot
+    # product per group of CYF_GROUP inputs, scaled, summed in group order.
+    cdef Py_ssize_t a = n0, nw, j, g, ng = (K + CYF_GROUP - 1) // CYF_GROUP, kg
+    cdef float v
     while a < n1:
         nw = n1 - a if n1 - a < GEMV_COLS else GEMV_COLS
         for j in range(nw):
-            acc[j] = cyf_dot(x, W + (a + j) * K, K)
-        _finish(out + a, acc, b + a if b != NULL else NULL, nw, act, accumulate)
+            if W.fmt == CYF_F32:
+                acc[j] = cyf_dot(x, <const float*>W.data + (a + j) * W.ld, K)
+            elif W.fmt == CYF_I4:
+                v = 0.0
+                for g in range(ng):
+                    kg = K - g * CYF_GROUP if K - g * CYF_GROUP < CYF_GROUP else CYF_GROUP
+                    v = v + W.scale[(a + j) * ng + g] * cyf_dot_q(x + g * CYF_GROUP, W.data, W.fmt, W.ld,
+                                                                  a + j, g * CYF_GROUP, kg)
+                acc[j] = v
+            else:
+                acc[j] = cyf_dot_q(x, W.data, W.fmt, W.ld, a + j, 0, K)
+        _finish(out + a, acc, b + a if b != NULL else NULL, nw, act, accumulate,
+                W.scale + a if W.fmt == CYF_I8 else NULL)
         a += nw
 
 
-cdef void gemv_team(float* out, const float* x, const float* W, Py_ssize_t K, Py_ssize_t N,
-                    bint w_t, Epilogue ep, float* partials, float* acc, Team team) noexcept nogil:
+cdef void _gemv_block(float* partial, const float* x, Wt W, Py_ssize_t k0, Py_ssize_t kb,
+                      Py_ssize_t c0, Py_ssize_t cw, Py_ssize_t N, float* tmp) noexcept nogil:
+    # partial[0:cw] = rows k0 .. k0+kb-1 of W [K, N], columns c0 .. c0+cw-1,
+    # times x[k0 : k0+kb]; int4 group by group, each scaled (tmp: cw floats)
+    cdef Py_ssize_t g, kg, j
+    cdef const float* s
+    if W.fmt == CYF_F32:
+        cyf_gemv_rows(x + k0, <const float*>W.data + k0 * W.ld + c0, W.ld, kb, cw, partial)
+    elif W.fmt != CYF_I4:
+        cyf_gemv_rows_q(x + k0, W.data, W.fmt, W.ld, k0, c0, kb, cw, partial)
+    else:
+        for g in range((kb + CYF_GROUP - 1) // CYF_GROUP):
+            kg = kb - g * CYF_GROUP if kb - g * CYF_GROUP < CYF_GROUP else CYF_GROUP
+            cyf_gemv_rows_q(x + k0 + g * CYF_GROUP, W.data, W.fmt, W.ld, k0 + g * CYF_GROUP, c0,
+                            kg, cw, tmp)
+            s = W.scale + ((k0 + g * CYF_GROUP) // CYF_GROUP) * N + c0
+            if g == 0:
+                for j in range(cw):
+                    partial[j] = s[j] * tmp[j]
+            else:
+                for j in range(cw):
+                    partial[j] = partial[j] + s[j] * tmp[j]
+
+
+cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N,
+                    Epilogue ep, float* partials, float* acc, Team team) noexcept nogil:
     # Each thread must stream long contiguous runs of W: two threads reading
     # the two halves of every row ran 20-25 % slower (measured on 768x3072
     # and 3072x768) than two threads each reading its own block of rows.
@@ -203,7 +266,7 @@ cdef void gemv_team(float* out, const float* x, const float* W, Py_ssize_t K, Py
     cdef Py_ssize_t nb, blk, k0, kb, c0, c1, cw, j, ntail, nitems, item, pw
     cdef float* p0
     cdef const float* pb
-    if w_t:  # W [N, K]: a range of outputs already is a contiguous run
+    if W.t:  # W [N, K]: a range of outputs already is a contiguous run
         nb = (N + GEMV_T_ROWS - 1) // GEMV_T_ROWS
         blk = cyf_next_item(counter)
         while blk < nb:
@@ -230,7 +293,7 @@ cdef void gemv_team(float* out, const float* x, const float* W, Py_ssize_t K, Py
         kb = K - k0 if K - k0 < GEMV_ROWS else GEMV_ROWS
         while c0 < c1:  # the partial row stays in L1 while W streams past
             cw = c1 - c0 if c1 - c0 < GEMV_COLS else GEMV_COLS
-            cyf_gemv_rows(x + k0, W + k0 * N + c0, N, kb, cw, partials + blk * N + c0)
+            _gemv_block(partials + blk * N + c0, x, W, k0, kb, c0, cw, N, acc)
             c0 += cw
         item = cyf_next_item(counter)
     cyf_barrier()
@@ -242,14 +305,15 @@ cdef void gemv_team(float* out, const float* x, const float* W, Py_ssize_t K, Py
             pb = partials + blk * N + n0
             for j in range(n1 - n0):
                 p0[j] = p0[j] + pb[j]
-        _finish(out + n0, p0, b + n0 if b != NULL else NULL, n1 - n0, act, accumulate)
+        _finish(out + n0, p0, b + n0 if b != NULL else NULL, n1 - n0, act, accumulate,
+                W.scale + n0 if W.fmt == CYF_I8 else NULL)
 
 
-cdef void _gemv(float* out, const float* x, const float* W, const float* b,
-                Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+cdef void _gemv(float* out, const float* x, Wt W, const float* b,
+                Py_ssize_t T, Py_ssize_t K, Py_ssize_t N,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
     cdef float* partials = scratch
-    cdef float* accs = scratch + (0 if w_t else gemv_partials_size(K, N))
+    cdef float* accs = scratch + (0 if W.t else gemv_partials_size(K, N))
     cdef Py_ssize_t counters[MATVEC_ROWS]  # one per row (T < MATVEC_ROWS)
     cdef Py_ssize_t t
     cdef Team team
@@ -260,20 +324,20 @@ cdef void _gemv(float* out, const float* x, const float* W, const float* b,
     with parallel(num_threads=nthreads):
         for t in range(T):
             team = team_of(threadid(), cyf_team_size(), &counters[t])
-            gemv_team(out + t * N, x + t * K, W, K, N, w_t, ep, partials,
+            gemv_team(out + t * N, x + t * K, W, K, N, ep, partials,
                       accs + team.tid * GEMV_COLS, team)
             cyf_barrier()  # the partials are reused by the next row
 
 
-cdef void linear(float* out, const float* x, const float* W, const float* b,
-                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+cdef void linear(float* out, const float* x, Wt W, const float* b,
+                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N,
                  int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
     if T <= 0 or N <= 0:
         return
     if T < MATVEC_ROWS:
-        _gemv(out, x, W, b, T, K, N, w_t, act, accumulate, scratch, nthreads)
+        _gemv(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
     else:
-        _gemm(out, x, W, b, T, K, N, w_t, act, accumulate, scratch, nthreads)
+        _gemm(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
 
 
 cdef void add(float* out, const float* x, Py_ssize_t n, int nthreads) noexcept nogil:
@@ -282,22 +346,36 @@ cdef void add(float* out, const float* x, Py_ssize_t n, int nthreads) noexcept n
         out[i] = out[i] + x[i]
 
 
-cdef void embed(float* out, const long long* ids, const float* wte, const float* wpe,
+cdef void dequant_row(float* out, Wt W, Py_ssize_t n, Py_ssize_t K) noexcept nogil:
+    cdef Py_ssize_t k, ng = (K + CYF_GROUP - 1) // CYF_GROUP
+    cdef const float* row
+    if W.fmt == CYF_F32:
+        row = <const float*>W.data + n * W.ld
+        for k in range(K):
+            out[k] = row[k]
+    elif W.fmt == CYF_I8:
+        for k in range(K):
+            out[k] = cyf_elem_t(W.data, W.fmt, W.ld, n, k) * W.scale[n]
+    elif W.fmt == CYF_I4:
+        for k in range(K):
+            out[k] = cyf_elem_t(W.data, W.fmt, W.ld, n, k) * W.scale[n * ng + k // CYF_GROUP]
+    else:
+        for k in range(K):
+            out[k] = cyf_elem_t(W.data, W.fmt, W.ld, n, k)
+
+
+cdef void embed(float* out, const long long* ids, Wt wte, const float* wpe,
                 Py_ssize_t T, Py_ssize_t C, Py_ssize_t pos0, int nthreads) noexcept nogil:
     cdef Py_ssize_t t, c
-    cdef const float* tok
     cdef const float* pos
     if T <= 0:
         return
     for t in prange(T, num_threads=nthreads if nthreads < T else <int>T, schedule="static"):
-        tok = wte + ids[t] * C
-        if wpe == NULL:  # rotary models: positions enter in attention instead
-            for c in range(C):
-                out[t * C + c] = tok[c]
-        else:
+        dequant_row(out + t * C, wte, ids[t], C)
+        if wpe != NULL:  # rotary models: positions enter in attention instead
             pos = wpe + (pos0 + t) * C
             for c in range(C):
-                out[t * C + c] = tok[c] + pos[c]
+                out[t * C + c] = out[t * C + c] + pos[c]
 
 
 # ---------------------------------------------------------------------------
@@ -388,21 +466,66 @@ def dot_product(a, b):
     return float(r)
 
 
+# format name -> (code, NumPy dtype of the stored weights)
+FORMATS = {"float32": (CYF_F32, np.float32), "bfloat16": (CYF_BF16, np.uint16),
+           "int8": (CYF_I8, np.int8), "int4": (CYF_I4, np.uint8)}
+
+
+cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, list keep) except *:
+    cdef Wt w
+    if isinstance(W, np.ndarray):
+        f32(fn, name, W, 2)
+        _checks.same_dim(fn, name, W, 1 if w_transposed else 0, K, "x.shape[1]")
+        keep.append(W)
+        return f32_weights(cptr(W), w_transposed, W.shape[1])
+    # a cyformer.formats.Packed matrix: data as stored, scales, logical shape
+    fmt = getattr(W, "fmt", None)
+    if fmt not in FORMATS or fmt == "float32":
+        raise ValueError(f"{fn}: {name} must be a float32 array or a cyformer.formats.Packed matrix, "
+                         f"got {type(W).__name__}")
+    if bool(W.transposed) != bool(w_transposed):
+        raise ValueError(f"{fn}: {name} is stored {'[N, K]' if W.transposed else '[K, N]'}; "
+                         f"w_transposed={w_transposed} says otherwise")
+    shape = tuple(W.shape)
+    rows, cols = (shape[1], shape[0]) if w_transposed else shape  # (K, N)
+    if rows != K:
+        raise ValueError(f"{fn}: {name} has {rows} inputs, x has {K}")
+    code, dtype = FORMATS[fmt]
+    data = W.data
+    nd = shape if fmt != "int4" else ((shape[0], (shape[1] + 1) // 2) if w_transposed
+                                      else ((shape[0] + 1) // 2, shape[1]))
+    if (not isinstance(data, np.ndarray) or data.dtype != dtype or data.shape != nd
+            or not data.flags.c_contiguous):
+        raise ValueError(f"{fn}: {name}'s {fmt} data must be a C-contiguous {np.dtype(dtype).name} "
+                         f"array of shape {nd}")
+    keep.append(data)
+    w.data, w.fmt, w.t, w.ld, w.scale = cnp.PyArray_DATA(<cnp.ndarray>data), code, w_transposed, nd[1], NULL
+    if fmt in ("int8", "int4"):
+        ng = (rows + 31) // 32
+        sshape = (cols,) if fmt == "int8" else ((cols, ng) if w_transposed else (ng, cols))
+        sc = f32(fn, f"{name}.scale", W.scale, len(sshape))
+        _checks.shape(fn, f"{name}.scale", sc, sshape)
+        keep.append(sc)
+        w.scale = cptr(sc)
+    return w
+
+
 def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="none",
                    accumulate=False, threads=None, workspace=None):
     """out = act(x @ W + b), or out += act(x @ W + b) with accumulate=True.
 
-    x [T, K]; W [K, N] ([N, K] with w_transposed=True); b [N] or None;
+    x [T, K]; W [K, N] ([N, K] with w_transposed=True): a float32 array or a
+    cyformer.formats.Packed matrix (bfloat16, int8, int4); b [N] or None;
     out [T, N] (allocated when None; required with accumulate).
     activation: "none", "gelu_new" (tanh approximation) or "gelu" (erf).
     workspace: a Workspace for the scratch memory (allocated per call when None).
     """
     fn = "linear"
     f32(fn, "x", x, 2)
-    f32(fn, "W", W, 2)
     cdef Py_ssize_t T = x.shape[0], K = x.shape[1]
+    cdef list keep = []
+    cdef Wt w = weights_of(fn, "W", W, K, bool(w_transposed), keep)
     cdef Py_ssize_t N = W.shape[0] if w_transposed else W.shape[1]
-    _checks.same_dim(fn, "W", W, 1 if w_transposed else 0, K, "x.shape[1]")
     if b is not None:
         f32(fn, "b", b, 1)
         _checks.same_dim(fn, "b", b, 0, N, "the output width")
@@ -417,15 +540,15 @@ def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="no
     else:
         f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, N))
-        _checks.no_overlap(fn, "out", out, x=x, W=W, b=b)
+        _checks.no_overlap(fn, "out", out, x=x, b=b)
+        for a in keep:
+            _checks.no_overlap(fn, "out", out, W=a)
     cdef int nt = _checks.threads(fn, threads)
-    cdef list keep = []
     cdef float* ps = scratch_floats(fn, workspace, linear_scratch_size(T, K, N, w_transposed, nt), keep)
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
-    cdef const float* pw = cptr(W)
     cdef const float* pb = cptr(b)
-    cdef bint wt = bool(w_transposed), acc = bool(accumulate)
+    cdef bint acc = bool(accumulate)
     cdef int act = ACTIVATIONS[activation]
     if T and N:
         if K == 0:  # an empty sum: the output is the bias
@@ -437,7 +560,7 @@ def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="no
                 out[...] = res
             return out
         with nogil:
-            linear(po, px, pw, pb, T, K, N, wt, act, acc, ps, nt)
+            linear(po, px, w, pb, T, K, N, act, acc, ps, nt)
     return out
 
 
@@ -460,8 +583,11 @@ def embedding(ids, wte, wpe, pos0=0, out=None, threads=None):
     """out[t] = wte[ids[t]] + wpe[pos0 + t] (wpe None: wte[ids[t]] alone).
     ids: 1-D integer array [T]."""
     fn = "embedding"
-    f32(fn, "wte", wte, 2)
+    if isinstance(wte, np.ndarray) or not hasattr(wte, "fmt"):
+        f32(fn, "wte", wte, 2)
     cdef Py_ssize_t C = wte.shape[1]
+    cdef list keep = []
+    cdef Wt w = weights_of(fn, "wte", wte, C, True, keep)
     if wpe is not None:
         f32(fn, "wpe", wpe, 2)
         _checks.same_dim(fn, "wpe", wpe, 1, C, "wte.shape[1]")
@@ -478,16 +604,17 @@ def embedding(ids, wte, wpe, pos0=0, out=None, threads=None):
     else:
         f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, C))
-        _checks.no_overlap(fn, "out", out, wte=wte, wpe=wpe)
+        _checks.no_overlap(fn, "out", out, wpe=wpe)
+        for a in keep:
+            _checks.no_overlap(fn, "out", out, wte=a)
     cdef int nt = _checks.threads(fn, threads)
     cdef const long long[::1] vid = ids
     cdef float* po = wptr(out)
-    cdef const float* pe = cptr(wte)
     cdef const float* pp = cptr(wpe)
     cdef Py_ssize_t p0 = pos0
     if T:
         with nogil:
-            embed(po, &vid[0], pe, pp, T, C, p0, nt)
+            embed(po, &vid[0], w, pp, T, C, p0, nt)
     return out
 
 

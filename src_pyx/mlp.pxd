@@ -8,7 +8,9 @@
 # at its start on return); scratch: the larger linalg.linear_scratch_size of
 # the two products.
 cdef Py_ssize_t mlp_hidden_size(Py_ssize_t T, Py_ssize_t F, int act) noexcept nogil
-cdef void mlp(float* out, const float* x, const float* W_in, const float* b_in,
-              const float* W_out, const float* b_out, Py_ssize_t T, Py_ssize_t C,
+from .linalg cimport Wt
+
+cdef void mlp(float* out, const float* x, Wt W_in, const float* b_in,
+              Wt W_out, const float* b_out, Py_ssize_t T, Py_ssize_t C,
               Py_ssize_t F, int act, bint accumulate, float* hidden, float* scratch,
               int nthreads) noexcept nogil

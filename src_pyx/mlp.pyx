@@ -9,7 +9,7 @@ cimport numpy as cnp
 
 from ._util cimport cptr, f32, wptr
 from .activations cimport ACT_NONE, ACT_SWIGLU, swiglu
-from .linalg cimport linear, linear_scratch_size, scratch_floats
+from .linalg cimport Wt, linear, linear_scratch_size, scratch_floats, weights_of
 
 from .activations import GELU_KINDS
 from cyformer import _checks
@@ -23,16 +23,16 @@ cdef Py_ssize_t mlp_hidden_size(Py_ssize_t T, Py_ssize_t F, int act) noexcept no
     return T * F * (3 if act == ACT_SWIGLU else 1)  # [T, F] (+ the [T, 2F] gate | up)
 
 
-cdef void mlp(float* out, const float* x, const float* W_in, const float* b_in,
-              const float* W_out, const float* b_out, Py_ssize_t T, Py_ssize_t C,
+cdef void mlp(float* out, const float* x, Wt W_in, const float* b_in,
+              Wt W_out, const float* b_out, Py_ssize_t T, Py_ssize_t C,
               Py_ssize_t F, int act, bint accumulate, float* hidden, float* scratch,
               int nthreads) noexcept nogil:
     if act == ACT_SWIGLU:
-        linear(hidden + T * F, x, W_in, b_in, T, C, 2 * F, False, ACT_NONE, False, scratch, nthreads)
+        linear(hidden + T * F, x, W_in, b_in, T, C, 2 * F, ACT_NONE, False, scratch, nthreads)
         swiglu(hidden, hidden + T * F, T, F, nthreads)
     else:
-        linear(hidden, x, W_in, b_in, T, C, F, False, act, False, scratch, nthreads)
-    linear(out, hidden, W_out, b_out, T, F, C, False, ACT_NONE, accumulate, scratch, nthreads)
+        linear(hidden, x, W_in, b_in, T, C, F, act, False, scratch, nthreads)
+    linear(out, hidden, W_out, b_out, T, F, C, ACT_NONE, accumulate, scratch, nthreads)
 
 
 def mlp_forward(x, W_in, b_in, W_out, b_out, out=None, *, activation="gelu_new",
@@ -51,8 +51,8 @@ def mlp_forward(x, W_in, b_in, W_out, b_out, out=None, *, activation="gelu_new",
     cdef int act = MLP_KINDS[activation]
     f32(fn, "x", x, 2)
     cdef Py_ssize_t T = x.shape[0], C = x.shape[1]
-    f32(fn, "W_in", W_in, 2)
-    _checks.same_dim(fn, "W_in", W_in, 0, C, "x.shape[1]")
+    cdef list keep = []
+    cdef Wt wi = weights_of(fn, "W_in", W_in, C, False, keep)
     cdef Py_ssize_t N = W_in.shape[1]
     if act == ACT_SWIGLU and N % 2:
         raise ValueError(f"mlp: W_in must be [C, 2F] (gate | up) for swiglu, got {W_in.shape}")
@@ -60,8 +60,8 @@ def mlp_forward(x, W_in, b_in, W_out, b_out, out=None, *, activation="gelu_new",
     if b_in is not None:
         f32(fn, "b_in", b_in, 1)
         _checks.shape(fn, "b_in", b_in, (N,))
-    f32(fn, "W_out", W_out, 2)
-    _checks.shape(fn, "W_out", W_out, (F, C))
+    cdef Wt wo = weights_of(fn, "W_out", W_out, F, False, keep)
+    _checks.same_dim(fn, "W_out", W_out, 1, C, "x.shape[1]")
     if b_out is not None:
         f32(fn, "b_out", b_out, 1)
         _checks.shape(fn, "b_out", b_out, (C,))
@@ -72,22 +72,21 @@ def mlp_forward(x, W_in, b_in, W_out, b_out, out=None, *, activation="gelu_new",
     else:
         f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, C))
-        _checks.no_overlap(fn, "out", out, x=x, W_in=W_in, b_in=b_in, W_out=W_out, b_out=b_out)
+        _checks.no_overlap(fn, "out", out, x=x, b_in=b_in, b_out=b_out)
+        for a in keep:
+            _checks.no_overlap(fn, "out", out, weights=a)
     if T == 0 or C == 0 or F == 0:
         raise ValueError(f"mlp: empty dimension (T={T}, C={C}, F={F})")
     cdef int nt = _checks.threads(fn, threads)
-    cdef list keep = []
     cdef Py_ssize_t nh = mlp_hidden_size(T, F, act)
     cdef float* ph = scratch_floats(fn, workspace, nh + max(linear_scratch_size(T, C, N, False, nt),
                                                             linear_scratch_size(T, F, C, False, nt)), keep)
     cdef float* ps = ph + nh
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
-    cdef const float* pwi = cptr(W_in)
     cdef const float* pbi = cptr(b_in)
-    cdef const float* pwo = cptr(W_out)
     cdef const float* pbo = cptr(b_out)
     cdef bint acc = bool(accumulate)
     with nogil:
-        mlp(po, px, pwi, pbi, pwo, pbo, T, C, F, act, acc, ph, ps, nt)
+        mlp(po, px, wi, pbi, wo, pbo, T, C, F, act, acc, ph, ps, nt)
     return out

@@ -158,6 +158,205 @@ static inline void cyf_gemv_rows(const float *x, const float *W, ptrdiff_t ldw,
     }
 }
 
+/* ---- weights in fewer bytes ---------------------------------------------
+ * Formats (cyformer/formats.py): bfloat16 (the top half of a float32),
+ * int8 (one float32 scale per output), int4 (two weights a byte, one scale
+ * per output and group of CYF_GROUP inputs; a nibble q holds q - 8).  A
+ * weight becomes float32 in registers, exactly (q * 1.0f, or bf16 << 16),
+ * and the scale multiplies a sum of such products: the arithmetic is IEEE
+ * float32 in a fixed order, as for float32 weights. */
+#define CYF_F32 0
+#define CYF_BF16 1
+#define CYF_I8 2
+#define CYF_I4 3
+#define CYF_GROUP 32
+
+typedef unsigned short cyf_v8h __attribute__((vector_size(16)));
+typedef unsigned int cyf_v8u __attribute__((vector_size(32)));
+typedef signed char cyf_v8b __attribute__((vector_size(8)));
+typedef unsigned char cyf_v8ub __attribute__((vector_size(8)));
+typedef int cyf_v8i __attribute__((vector_size(32)));
+
+static inline cyf_v8f cyf_bf16_8(const unsigned short *p)
+{
+    cyf_v8h h;
+    memcpy(&h, p, sizeof h);
+    cyf_v8u u = __builtin_convertvector(h, cyf_v8u) << 16;
+    cyf_v8f f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline cyf_v8f cyf_i8_8(const signed char *p)
+{
+    cyf_v8b b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, cyf_v8f);
+}
+
+/* int4 pairs: byte j of a packed row holds rows 2i (low nibble) and 2i+1 (high) */
+static inline cyf_v8f cyf_i4_8(const unsigned char *p, int high)
+{
+    cyf_v8ub b;
+    memcpy(&b, p, sizeof b);
+    cyf_v8ub q = high ? (b >> 4) : (b & 15);
+    return __builtin_convertvector(__builtin_convertvector(q, cyf_v8i) - 8, cyf_v8f);
+}
+
+static inline float cyf_bf16_1(unsigned short h)
+{
+    unsigned int u = (unsigned int)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float cyf_i4_1(unsigned char b, int high)
+{
+    return (float)((int)(high ? b >> 4 : b & 15) - 8);
+}
+
+/* Row k, columns j..j+7 of a [K, N] matrix in format fmt (ld: elements
+ * between rows; for int4, bytes between row pairs). */
+static inline cyf_v8f cyf_row8(const void *W, int fmt, ptrdiff_t ld, ptrdiff_t k, ptrdiff_t j)
+{
+    switch (fmt) {
+    case CYF_BF16: return cyf_bf16_8((const unsigned short *)W + k * ld + j);
+    case CYF_I8: return cyf_i8_8((const signed char *)W + k * ld + j);
+    case CYF_I4: return cyf_i4_8((const unsigned char *)W + (k >> 1) * ld + j, (int)(k & 1));
+    default: return cyf_load8((const float *)W + k * ld + j);
+    }
+}
+
+static inline float cyf_row1(const void *W, int fmt, ptrdiff_t ld, ptrdiff_t k, ptrdiff_t j)
+{
+    switch (fmt) {
+    case CYF_BF16: return cyf_bf16_1(((const unsigned short *)W)[k * ld + j]);
+    case CYF_I8: return (float)((const signed char *)W)[k * ld + j];
+    case CYF_I4: return cyf_i4_1(((const unsigned char *)W)[(k >> 1) * ld + j], (int)(k & 1));
+    default: return ((const float *)W)[k * ld + j];
+    }
+}
+
+/* cyf_gemv_rows for a matrix in format fmt: out[j] = sum_k x[k] W(k0 + k, j0 + j),
+ * W's rows k0 .. k0+K-1 (k0 even for int4), unscaled. */
+static inline void cyf_gemv_rows_q(const float *x, const void *W, int fmt, ptrdiff_t ld,
+                                   ptrdiff_t k0, ptrdiff_t j0, ptrdiff_t K, ptrdiff_t n, float *out)
+{
+    ptrdiff_t k = 0, j;
+    if (K <= 0) {
+        for (j = 0; j < n; j++)
+            out[j] = 0.0f;
+        return;
+    }
+    for (; k + 4 <= K; k += 4) {
+        const float s0 = x[k], s1 = x[k + 1], s2 = x[k + 2], s3 = x[k + 3];
+        const ptrdiff_t r = k0 + k;
+        for (j = 0; j + 8 <= n; j += 8) {
+            const ptrdiff_t c = j0 + j;
+            cyf_v8f w0 = cyf_row8(W, fmt, ld, r, c);
+            cyf_v8f a = k ? cyf_load8(out + j) + s0 * w0 : s0 * w0;
+            a += s1 * cyf_row8(W, fmt, ld, r + 1, c);
+            a += s2 * cyf_row8(W, fmt, ld, r + 2, c);
+            a += s3 * cyf_row8(W, fmt, ld, r + 3, c);
+            cyf_store8(out + j, a);
+        }
+        for (; j < n; j++) {
+            const ptrdiff_t c = j0 + j;
+            float a = k ? out[j] + s0 * cyf_row1(W, fmt, ld, r, c) : s0 * cyf_row1(W, fmt, ld, r, c);
+            a += s1 * cyf_row1(W, fmt, ld, r + 1, c);
+            a += s2 * cyf_row1(W, fmt, ld, r + 2, c);
+            a += s3 * cyf_row1(W, fmt, ld, r + 3, c);
+            out[j] = a;
+        }
+    }
+    for (; k < K; k++) {
+        const float s = x[k];
+        for (j = 0; j < n; j++) {
+            const float w = cyf_row1(W, fmt, ld, k0 + k, j0 + j);
+            out[j] = k ? out[j] + s * w : s * w;
+        }
+    }
+}
+
+/* dst[0:cnt] = row k, columns n .. n+cnt-1 of a [K, N] matrix in format fmt,
+ * as float32 weights (times their scale: int8 per column, int4 per column and
+ * group of CYF_GROUP rows).  The GEMM's panel packing. */
+static inline void cyf_dequant_run(const void *W, int fmt, ptrdiff_t ld, const float *scale,
+                                   ptrdiff_t N, ptrdiff_t k, ptrdiff_t n, ptrdiff_t cnt, float *dst)
+{
+    const float *s = fmt == CYF_I8 ? scale + n : fmt == CYF_I4 ? scale + (k / CYF_GROUP) * N + n : 0;
+    ptrdiff_t j = 0;
+    for (; j + 8 <= cnt; j += 8) {
+        cyf_v8f v = cyf_row8(W, fmt, ld, k, n + j);
+        cyf_store8(dst + j, s ? v * cyf_load8(s + j) : v);
+    }
+    for (; j < cnt; j++) {
+        float v = cyf_row1(W, fmt, ld, k, n + j);
+        dst[j] = s ? v * s[j] : v;
+    }
+}
+
+/* Element (n, k) of an [N, K] matrix in format fmt, row stride ld (elements;
+ * bytes for int4, where row n holds its K weights in pairs). */
+static inline float cyf_elem_t(const void *W, int fmt, ptrdiff_t ld, ptrdiff_t n, ptrdiff_t k)
+{
+    switch (fmt) {
+    case CYF_BF16: return cyf_bf16_1(((const unsigned short *)W)[n * ld + k]);
+    case CYF_I8: return (float)((const signed char *)W)[n * ld + k];
+    case CYF_I4: return cyf_i4_1(((const unsigned char *)W)[n * ld + (k >> 1)], (int)(k & 1));
+    default: return ((const float *)W)[n * ld + k];
+    }
+}
+
+/* x . row n of an [N, K] matrix in format fmt, K values from k0 (k0 a multiple
+ * of 16), over 16 interleaved lanes and a fixed tree, as cyf_dot. */
+static inline float cyf_dot_q(const float *x, const void *W, int fmt, ptrdiff_t ld, ptrdiff_t n,
+                              ptrdiff_t k0, ptrdiff_t K)
+{
+    cyf_v8f s0 = {0}, s1 = {0};
+    ptrdiff_t i = 0;
+    for (; i + 16 <= K; i += 16) {
+        const ptrdiff_t k = k0 + i;
+        cyf_v8f w0, w1;
+        switch (fmt) {
+        case CYF_BF16:
+            w0 = cyf_bf16_8((const unsigned short *)W + n * ld + k);
+            w1 = cyf_bf16_8((const unsigned short *)W + n * ld + k + 8);
+            break;
+        case CYF_I8:
+            w0 = cyf_i8_8((const signed char *)W + n * ld + k);
+            w1 = cyf_i8_8((const signed char *)W + n * ld + k + 8);
+            break;
+        case CYF_I4: {  /* 16 weights in 8 bytes: even k low nibbles, odd k high */
+            cyf_v8ub b;
+            memcpy(&b, (const unsigned char *)W + n * ld + (k >> 1), sizeof b);
+            cyf_v8i lo = __builtin_convertvector(b & 15, cyf_v8i) - 8;
+            cyf_v8i hi = __builtin_convertvector(b >> 4, cyf_v8i) - 8;
+            cyf_v8i e = __builtin_shufflevector(lo, hi, 0, 8, 1, 9, 2, 10, 3, 11);
+            cyf_v8i o = __builtin_shufflevector(lo, hi, 4, 12, 5, 13, 6, 14, 7, 15);
+            w0 = __builtin_convertvector(e, cyf_v8f);
+            w1 = __builtin_convertvector(o, cyf_v8f);
+            break;
+        }
+        default:
+            w0 = cyf_load8((const float *)W + n * ld + k);
+            w1 = cyf_load8((const float *)W + n * ld + k + 8);
+        }
+        s0 += cyf_load8(x + i) * w0;
+        s1 += cyf_load8(x + i + 8) * w1;
+    }
+    float lanes[16];
+    cyf_store8(lanes, s0);
+    cyf_store8(lanes + 8, s1);
+    for (ptrdiff_t j = 0; i < K; i++, j++)
+        lanes[j] += x[i] * cyf_elem_t(W, fmt, ld, n, k0 + i);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++)
+            lanes[j] += lanes[j + w];
+    return lanes[0];
+}
+
 /* sum_i a[i] * b[i] over 16 interleaved lanes (i mod 16), then the lanes
  * combined in a fixed pairwise tree.  Deterministic for a given n. */
 static inline float cyf_dot(const float *a, const float *b, ptrdiff_t n)

@@ -14,6 +14,7 @@ edit is detected against a copy and the next step recomputed from it.
 
 import numpy as np
 
+from ..formats import Packed, dequantize
 from ..kernels import activations, attention, linalg
 
 
@@ -22,7 +23,8 @@ def run_hooked(be, ids, kv, last_only, hooks):
     cfg, w, threads = be.config, be.weights, be.threads
     past, T = kv.length, len(ids)
     if hooks.wants("hook_embed") or hooks.wants("hook_pos_embed"):
-        resid = hooks("hook_embed", w.wte[ids])  # fancy indexing: a fresh copy
+        resid = hooks("hook_embed", w.wte.rows(ids) if isinstance(w.wte, Packed)
+                      else w.wte[ids])  # a fresh copy either way
         if w.wpe is not None:
             pos = hooks("hook_pos_embed", w.wpe[past:past + T].copy())
             resid = resid + pos  # the embedding kernel's sum, element for element
@@ -115,7 +117,7 @@ def head_writes(attn, z, threads):
     """
     H, D = attn.n_head, attn.d_head
     T = z.shape[0]
-    W = attn.c_proj.weight
+    W = dequantize(attn.c_proj.weight)  # (the float32 array itself when not packed)
     z_heads = np.ascontiguousarray(z.reshape(T, H, D).transpose(1, 0, 2))
     out = np.empty((H, T, W.shape[1]), dtype=np.float32)
     for h in range(H):

@@ -45,7 +45,7 @@ import numpy as np
 
 from .. import rope
 from ..config import Config
-from ..weights import BlockWeights, NormWeights, Weights
+from ..weights import BlockWeights, NormWeights, Weights, dequantized
 
 
 def dot(a, b):
@@ -363,7 +363,7 @@ class NaiveBackend:
 
     def __init__(self, cfg: Config, weights: Weights, threads: int):
         self.config = cfg
-        self.weights = weights
+        self.weights = dequantized(weights)  # smaller formats are widened first
         self.threads = threads  # unused: one Python thread does everything
         self._model = None      # the weights as lists, built on the first run
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import rope
 from ..config import Config
-from ..weights import BlockWeights, NormWeights, Weights
+from ..weights import BlockWeights, NormWeights, Weights, dequantized
 
 F32 = np.float32
 
@@ -206,7 +206,7 @@ class NumpyBackend:
 
     def __init__(self, cfg: Config, weights: Weights, threads: int):
         self.config = cfg
-        self.weights = weights
+        self.weights = weights = dequantized(weights)  # smaller formats are widened: a reference
         self.threads = threads  # unused: NumPy's BLAS threads itself
         tables = rope.tables(cfg) if cfg.position == "rotary" else None
         self.blocks = [Block(w, cfg, tables) for w in weights.blocks]

@@ -76,7 +76,7 @@ def logit_lens(model, prompt, k=5):
     T = len(ids)
     top_ids = np.empty((L + 1, T, k), dtype=np.int64)
     top_probs = np.empty((L + 1, T, k), dtype=np.float32)
-    ln = model.weights.ln_f
+    ln = model.float_weights.ln_f
     for r, name in enumerate(names):
         x = norm.norm_forward(cfg.norm, cache[name], ln.weight, ln.bias, cfg.norm_eps,
                               threads=model.threads)
@@ -162,8 +162,8 @@ def direct_logit_attribution(model, prompt, token, position=-1, cache=None):
              + [f"blocks.{i}.hook_mlp_out" for i in range(L)])
     if cache is None or any(n not in cache for n in names):
         _, cache = model.run_with_cache(ids, names=names)
-    ln = model.weights.ln_f
-    u = model.weights.lm_head[token].astype(np.float64)
+    ln = model.float_weights.ln_f
+    u = model.float_weights.lm_head[token].astype(np.float64)
     direction = ln.weight.astype(np.float64) * u / float(cache["ln_final.hook_scale"][p, 0])
 
     centre = cfg.norm == "layer_norm"
@@ -174,7 +174,7 @@ def direct_logit_attribution(model, prompt, token, position=-1, cache=None):
         return (v - v.mean(axis=-1, keepdims=True) if centre else v) @ direction
 
     zero = np.zeros(cfg.n_embd)
-    b_O = np.stack([model.weights.blocks[i].attn_c_proj.bias if model.weights.blocks[i].attn_c_proj.bias
+    b_O = np.stack([model.float_weights.blocks[i].attn_c_proj.bias if model.float_weights.blocks[i].attn_c_proj.bias
                     is not None else zero for i in range(L)])
     logit = float(cache["ln_final.hook_normalized"][p].astype(np.float64) @ u)
     return LogitAttribution(

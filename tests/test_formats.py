@@ -1,0 +1,276 @@
+"""Weights in fewer bytes (cyformer.formats): bfloat16, int8, int4.
+
+Kernels against NumPy on the dequantized weights (the arithmetic is float32
+either way, so 1e-4 relative); the whole model's accuracy against float32 on
+held-out standard-library code the bundled model was not trained on (bounds
+from the issue, tightened to what was measured: see the constants); bitwise
+equality across thread counts and between the fused decode step and the
+per-op path; saving and loading back without conversion; bad saved files.
+"""
+
+import hashlib
+import json
+import os
+import sysconfig
+
+import numpy as np
+import pytest
+
+import cyformer
+from cyformer.formats import FORMATS, Packed, dequantize, quantize
+from cyformer.kernels import linalg, mlp
+
+PACKED = ("bfloat16", "int8", "int4")
+
+
+@pytest.mark.parametrize("fmt", PACKED)
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("K, N", [(96, 70), (33, 17), (64, 1), (1, 40)])
+def test_quantize_round_trip(rng, fmt, transposed, K, N):
+    W = rng.standard_normal((N, K) if transposed else (K, N)).astype(np.float32)
+    p = quantize(W, fmt, transposed=transposed)
+    assert isinstance(p, Packed) and p.shape == W.shape and not p.data.flags.writeable
+    back = p.dequantize()
+    # the error each format allows: bf16 keeps 8 bits of mantissa; int8 and
+    # int4 are within half a step of their scale
+    if fmt == "bfloat16":
+        np.testing.assert_allclose(back, W, rtol=2 ** -8)
+    else:
+        out_axis = 0 if transposed else 1
+        amax = np.abs(W).max(axis=1 - out_axis, keepdims=True)
+        step = amax / (127 if fmt == "int8" else 7)
+        assert (np.abs(back - W) <= 0.5 * step * (1 + 1e-6) + 1e-7).all() or fmt == "int4"
+        if fmt == "int4":  # groups of 32 inputs: half a step of each group's scale
+            assert np.abs(back - W).max() <= 0.5 * amax.max() / 7 * (1 + 1e-6)
+
+
+def test_bfloat16_rounds_to_nearest_even_and_keeps_specials():
+    w = np.array([[1.0, -2.5, np.inf, -np.inf, np.nan, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 0.0]], np.float32)
+    back = quantize(w, "bfloat16").dequantize()
+    assert back[0, 0] == 1.0 and back[0, 1] == -2.5 and back[0, 2] == np.inf and back[0, 3] == -np.inf
+    assert np.isnan(back[0, 4])
+    assert back[0, 5] == 1.0                      # a tie rounds to the even mantissa
+    assert back[0, 6] == np.float32(1 + 2 ** -6)  # a tie rounds up to even
+    assert back[0, 7] == 0.0
+
+
+@pytest.mark.parametrize("fmt", PACKED)
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("T", [1, 2, 3, 7, 30])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linear_matches_numpy_on_dequantized_weights(rng, fmt, transposed, T, threads):
+    K, N = 200, 150
+    W = rng.standard_normal((N, K) if transposed else (K, N)).astype(np.float32) / np.sqrt(K)
+    p = quantize(W, fmt, transposed=transposed)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    Wd = p.dequantize().astype(np.float64)
+    ref = x.astype(np.float64) @ (Wd.T if transposed else Wd) + b
+    got = linalg.linear_forward(x, p, b, w_transposed=transposed, threads=threads)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    again = linalg.linear_forward(x, p, b, w_transposed=transposed, threads=3 - threads)
+    assert np.array_equal(got, again), "thread counts differ"
+
+
+@pytest.mark.parametrize("fmt", PACKED)
+def test_mlp_and_embedding_take_packed_weights(rng, fmt):
+    C, F, V = 64, 96, 50
+    x = rng.standard_normal((5, C)).astype(np.float32)
+    W_in = quantize(rng.standard_normal((C, 2 * F)).astype(np.float32) / 8, fmt)
+    W_out = quantize(rng.standard_normal((F, C)).astype(np.float32) / 10, fmt)
+    got = mlp.mlp_forward(x, W_in, None, W_out, None, activation="swiglu")
+    h = x.astype(np.float64) @ dequantize(W_in)
+    ref = (h[:, :F] / (1 + np.exp(-h[:, :F])) * h[:, F:]) @ dequantize(W_out)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    wte = quantize(rng.standard_normal((V, C)).astype(np.float32), fmt, transposed=True)
+    ids = np.array([3, 0, 49, 3])
+    np.testing.assert_array_equal(linalg.embedding(ids, wte, None), dequantize(wte)[ids])
+
+
+def test_packed_arguments_are_checked(rng):
+    W = quantize(rng.standard_normal((32, 8)).astype(np.float32), "int8")
+    x = np.ones((2, 32), np.float32)
+    with pytest.raises(ValueError, match="stored"):
+        linalg.linear_forward(x, W, w_transposed=True)
+    with pytest.raises(ValueError, match="inputs"):
+        linalg.linear_forward(np.ones((2, 31), np.float32), W)
+    bad = Packed("int8", W.data, W.scale[:-1].copy(), W.shape, False)
+    with pytest.raises(ValueError, match="scale"):
+        linalg.linear_forward(x, bad)
+    bad = Packed("int4", W.data, W.scale, W.shape, False)
+    with pytest.raises(ValueError, match="int4 data"):
+        linalg.linear_forward(x, bad)
+    bad = Packed("int9", W.data, W.scale, W.shape, False)
+    with pytest.raises(ValueError, match="Packed"):
+        linalg.linear_forward(x, bad)
+
+
+# -- whole models -------------------------------------------------------------
+
+def held_out_ids(model, n=3072):
+    """Token ids of standard-library files the bundled model never trained on
+    (its validation split: train/train_default_model.py, SHA-256 of the path)."""
+    root = sysconfig.get_paths()["stdlib"]
+    files = []
+    for d, _, names in os.walk(root):
+        if "site-packages" in d:
+            continue
+        for f in names:
+            rel = os.path.relpath(os.path.join(d, f), root)
+            if f.endswith(".py") and int.from_bytes(hashlib.sha256(rel.encode()).digest()[:4], "big") % 1000 < 20:
+                files.append(rel)
+    text = ""
+    for rel in sorted(files):
+        if len(text) > 4 * n:
+            break
+        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+            text += f.read()
+    return np.array(model.encode(text)[:n])
+
+
+def perplexity_and_top1(model, ids):
+    P = model.config.n_positions
+    nll, n, top = 0.0, 0, []
+    for s in range(0, len(ids) - 1, P - 1):
+        w = ids[s:s + P]
+        if len(w) < 2:
+            break
+        lg = model.forward(w).astype(np.float64)
+        lp = lg - lg.max(1, keepdims=True)
+        lp -= np.log(np.exp(lp).sum(1, keepdims=True))
+        nll -= lp[np.arange(len(w) - 1), w[1:]].sum()
+        n += len(w) - 1
+        top.append(lg[:-1].argmax(1))
+    return float(np.exp(nll / n)), np.concatenate(top)
+
+
+# relative perplexity change and top-1 agreement with float32 allowed, per
+# format: the issue's bounds (bf16 0.3 % / 99.5 %, int8 1 % / 98 %, int4 6 % /
+# 90 %), tightened where the bundled model measured better (bf16 0.01 %,
+# 99.85 %; int8 0.003 %, 99.2 %; int4 +1.1 %, 91.3 % on these 3072 tokens)
+BOUNDS = {"bfloat16": (0.003, 0.995), "int8": (0.003, 0.985), "int4": (0.03, 0.90)}
+
+
+@pytest.fixture(scope="module")
+def float32_reference():
+    m = cyformer.load(threads=2)
+    ids = held_out_ids(m)
+    return ids, perplexity_and_top1(m, ids)
+
+
+@pytest.mark.parametrize("fmt", PACKED)
+def test_accuracy_on_held_out_code(float32_reference, fmt):
+    ids, (ppl32, top32) = float32_reference
+    model = cyformer.load(threads=2, dtype=fmt)
+    assert model.dtype == fmt
+    ppl, top = perplexity_and_top1(model, ids)
+    max_rel, min_agree = BOUNDS[fmt]
+    assert abs(ppl / ppl32 - 1) <= max_rel, f"{fmt}: perplexity {ppl:.3f} vs float32 {ppl32:.3f}"
+    assert (top == top32).mean() >= min_agree
+
+
+@pytest.mark.parametrize("fmt", PACKED)
+def test_decode_bitwise_at_any_thread_count_and_equal_to_per_op(fmt):
+    outs = []
+    for threads in (1, 2, 3):
+        m = cyformer.load(threads=threads, dtype=fmt)
+        be = m.backend
+        kv, ref = be.new_cache(32), be.new_cache(32)
+        be.run(np.arange(7), kv)
+        be.run(np.arange(7), ref)
+        steps = []
+        for t in (5, 9, 200, 3):
+            fused = be.run(np.array([t]), kv)
+            past = ref.length
+            resid = be.embed(np.array([t]), past, threads)
+            for block in be.blocks:
+                block(resid, ref, past, threads)
+            ref.length = past + 1
+            assert np.array_equal(fused, be.unembed(be.ln_f(resid, threads), threads))
+            steps.append(fused)
+        outs.append(np.concatenate(steps))
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+def test_llama_family_in_every_format(tmp_path, rng):
+    from helpers import make_hf_llama
+
+    make_hf_llama(str(tmp_path), "qwen2", seed=3, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=120, max_position_embeddings=32,
+                  tie_word_embeddings=False)
+    ids = rng.integers(0, 120, size=20)
+    ref = cyformer.load(tmp_path).forward(ids)
+    errs = {}
+    for fmt in PACKED:
+        m = cyformer.load(tmp_path, dtype=fmt)
+        got = m.forward(ids)
+        # the same model on its dequantized weights, in float32: what the format computes
+        exact = cyformer.Model(m.config, m.float_weights).forward(ids)
+        np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4)
+        errs[fmt] = float(np.abs(got - ref).max())
+        g = m.generate(ids[:4].tolist(), max_new_tokens=6)
+        assert len(g) == 6
+    assert errs["bfloat16"] < errs["int8"] < errs["int4"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_save_and_load_without_conversion(tmp_path, fmt):
+    m = cyformer.load(dtype=fmt)
+    ids = m.encode("def add(a, b):\n    return a + b\n")
+    out = m.save(tmp_path / "saved")
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["cyformer_dtype"] == fmt
+    again = cyformer.load(out)
+    assert again.dtype == fmt
+    assert np.array_equal(again.forward(ids), m.forward(ids))
+    assert again.generate("x = ", max_new_tokens=8) == m.generate("x = ", max_new_tokens=8)
+    if fmt != "float32":
+        with pytest.raises(cyformer.ModelLoadError, match="saved as"):
+            cyformer.load(out, dtype="float32" if fmt != "float32" else "int8")
+
+
+def _edit_saved(path, edit):
+    p = os.path.join(path, "model.safetensors")
+    with open(p, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    edit(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(p, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw + data)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda h: h["__metadata__"].update({"cyformer.format": "int3"}), "unknown weight format"),
+    (lambda h: h["__metadata__"].update({"cyformer.group": "64"}), "groups of 64"),
+    (lambda h: h.pop("blocks.0.attn.c_attn.weight.scale"), "missing tensor 'blocks.0.attn.c_attn.weight.scale'"),
+    (lambda h: h["blocks.1.mlp.c_fc.weight.scale"].update(shape=[3, 7]), "c_fc.weight.scale"),
+    (lambda h: h["wte"].update(dtype="I8"), "tensor 'wte'"),
+])
+def test_bad_saved_files_are_refused(tmp_path, edit, match):
+    out = cyformer.load(dtype="int4").save(tmp_path / "m")
+    _edit_saved(out, edit)
+    with pytest.raises(cyformer.ModelLoadError, match=match):
+        cyformer.load(out)
+
+
+def test_weight_views_and_hooks_on_packed_weights():
+    from cyformer.interp import logit_lens
+
+    m = cyformer.load(dtype="int8")
+    head = m.blocks[1].attn.heads[2]
+    assert head.W_Q.dtype == np.float32 and head.W_O.shape == (64, 256)
+    assert m.unembed[5].dtype == np.float32
+    ids = m.encode("import os\n")
+    logits, cache = m.run_with_cache(ids)
+    assert np.array_equal(logits, m.forward(ids))
+    np.testing.assert_allclose(cache["hook_embed"], m.float_weights.wte[ids])
+    lens = logit_lens(m, ids, k=2)
+    assert np.array_equal(lens.top_ids[-1, :, 0], logits.argmax(-1))
+
+
+def test_load_refuses_unknown_dtype():
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        cyformer.load(dtype="fp8")
