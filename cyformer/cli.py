@@ -4,6 +4,7 @@
     cyformer chat --model M             talk to a chat model (one turn with --message)
     cyformer info                       config, size and build of a model
     cyformer inspect "def f(x):" --png attn.png    look inside one forward pass
+    cyformer score|generate-corpus|collect CORPUS --out DIR    run over a corpus (cyformer.jobs)
 
 Standard output carries only text, so it pipes cleanly; statistics and errors
 go to standard error.  Errors print one line and exit non-zero.
@@ -143,6 +144,9 @@ def build_parser():
                         "token labels, values on hover)")
     x.add_argument("-k", "--top-k", type=_positive_int, default=5, metavar="K",
                    help="how many next-token candidates to print (default: 5)")
+
+    from .jobs.cli import add_commands  # score, generate-corpus, collect
+    add_commands(sub, _model_args, _positive_int, _nonneg_int)
     return parser
 
 
@@ -381,6 +385,9 @@ def main(argv=None):
     from .errors import CyformerError
 
     try:
+        if args.command in ("score", "generate-corpus", "collect"):
+            from .jobs.cli import main as jobs_main
+            return jobs_main(args)
         return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info,
                 "inspect": cmd_inspect, "quantize": cmd_quantize}[args.command](args)
     except (CyformerError, ValueError, OSError) as e:

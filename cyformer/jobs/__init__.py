@@ -1,0 +1,72 @@
+"""Jobs over whole corpora: score, generate, collect; in this process or on Ray.
+
+    from cyformer import jobs
+
+    jobs.score("test.jsonl", "out/scores")                  # log-likelihood, perplexity per document
+    jobs.generate("prompts.jsonl", "out/gen", max_new_tokens=64)
+    jobs.collect("train.jsonl", "out/acts", hooks=["blocks.1.hook_resid_post"])
+    acts = jobs.open("out/acts", mmap=True)["blocks.1.hook_resid_post"]    # [tokens, d_model]
+
+Every job reads a corpus (JSONL, Parquet, .txt files, a saved ``datasets``
+dataset: cyformer.jobs.corpus), writes shards of ``shard_rows`` corpus rows
+plus a manifest (cyformer.jobs.shards), and returns a Summary.  The output
+depends only on the corpus, the model and the job's parameters: the same
+bytes at any thread or worker count, on either engine, after any number of
+interruptions (rerun the same call to resume; complete shards are kept).
+Rows that cannot be used are skipped and listed with where they are, never
+an error.  ``engine="ray"`` runs on Ray Data (cyformer.jobs.ray_engine).
+
+Common keyword arguments of score/generate/collect:
+    model          a Model, a checkpoint directory or Hub name; None: the bundled model
+    field          the text's key or column (default "text"; generate: "prompt")
+    corpus_format  "auto", "jsonl", "parquet", "text" or "datasets"; split: a datasets split
+    shard_rows     rows per shard (default 1000; collect: 64)
+    engine         "local" (default) or "ray"; workers, threads, address (Ray's cluster)
+    progress       a progress bar on standard error (needs tqdm)
+    overwrite      replace another job's output in ``out`` instead of refusing
+    on_shard       called with each shard's manifest record once it is written
+"""
+
+from ..model_files import DEFAULT
+from .activations import Collect
+from .corpus import Corpus, CorpusError, Row, open_corpus
+from .completion import Generate
+from .run import Summary, run_job
+from .scoring import Score
+from .shards import JobOutput, JobOutputError, RowView, open_output as open  # noqa: A001
+
+__all__ = ["score", "generate", "collect", "open", "Summary", "JobOutput", "RowView", "Corpus",
+           "CorpusError", "JobOutputError", "Row", "open_corpus"]
+
+
+def score(corpus, out, model=None, *, stride=None, per_token=False, **run):
+    """Log-likelihood, token count and perplexity of every document.
+
+    stride: how far each window of a document longer than the context moves
+    (default n_positions // 2; see cyformer.jobs.scoring); per_token: also
+    store every token id and its log-probability.  -> Summary.
+    """
+    return run_job(Score(stride, per_token), corpus, out, model, **run)
+
+
+def generate(corpus, out, model=None, *, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT,
+             top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=0, **run):
+    """A completion for every prompt (the ``prompt`` field by default).
+
+    Sampling arguments as for Model.generate (not given: the checkpoint's
+    defaults); a row's own fields of the same names override them, and a
+    row without a seed uses seed + its row index.  -> Summary.
+    """
+    job = Generate(max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed)
+    return run_job(job, corpus, out, model, **run)
+
+
+def collect(corpus, out, model=None, *, hooks, dtype="float32", save_as="safetensors", max_tokens=None,
+            **run):
+    """Activations at ``hooks`` (hook names, e.g. "blocks.0.hook_resid_post")
+    for every token, with token ids, document rows and positions.
+
+    dtype "float32" or "float16"; save_as "safetensors" or "npy"; documents
+    longer than max_tokens (default: the context) are truncated.  -> Summary.
+    """
+    return run_job(Collect(hooks, dtype, save_as, max_tokens), corpus, out, model, **run)
