@@ -67,6 +67,9 @@ def _title(md_text, fallback):
 
 def on_config(config):
     _generated.clear()
+    # One thread unless asked: a busy machine makes an OpenMP team wait on its
+    # slowest member, and the tutorials' output is the same at any count.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     for mod in public_modules():
         _generated[f"api/{mod}.md"] = f"::: {mod}\n"
     _generated["cli.md"] = cli_page()

@@ -64,18 +64,18 @@ print("scores the model used:                          ",
 print("q.k / sqrt(d) with biases:                      ", np.round((k @ q)[-5:] / np.sqrt(model.config.d_head), 2))
 
 # %% [markdown]
-# The attention patterns as pictures: every head of every layer as a PNG, and
-# the same as a self-contained HTML page (hover a cell for its weight).
+# The attention patterns as pictures: every head of the first two layers as a
+# PNG, and the same as a self-contained HTML page (hover a cell for its weight).
 
 # %%
 patterns = {(i, h): cache[f"blocks.{i}.attn.hook_pattern"][h]
-            for i in range(L) for h in range(model.config.n_head)}
+            for i in range(2) for h in range(model.config.n_head)}
 labels = [model.decode([i]) for i in ids]
 save_png("inside_attention.png", labels, patterns)
 save_html("inside_attention.html", labels, patterns)
 
 # %% [markdown]
-# ![attention patterns of every head](inside_attention.png)
+# ![attention patterns of layers 0 and 1](inside_attention.png)
 #
 # [The same patterns as HTML](inside_attention.html).
 #
