@@ -32,6 +32,9 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Sources are named relative to the checkout: cythonize puts an absolute
+# source under build_dir by its whole path (build/c/<checkout>/build/...).
+os.chdir(HERE)
 SRC = os.path.join(HERE, "src_pyx")
 # Per-level copies of src_pyx/ live here so that each level is a real package
 # and relative cimports between kernel modules resolve inside that level.
@@ -126,10 +129,18 @@ def extensions(levels, omp):
     base = ["-O1", "-g"] if DEBUG else ["-O3"]
     # -fno-math-errno lets gcc inline sqrtf; it changes no result.
     base += ["-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code", "-Wno-psabi"]
+    # Cython copies a variable assigned inside a `with parallel()` block into
+    # each thread with firstprivate(), so gcc sees an uninitialised value
+    # copied in (about 20 warnings per level).  Every such variable (per-thread
+    # scratch pointers, loop state) is assigned in the block before it is read:
+    # false positives.  Only gcc has -Wmaybe-uninitialized, hence the probe.
+    for flag in ("-Wno-uninitialized", "-Wno-maybe-uninitialized"):
+        if _compiles(["-Werror", flag]):
+            base.append(flag)
     exts = [
         Extension(
             "cyformer._runtime",
-            [os.path.join(SRC, "runtime", "_runtime.pyx")],
+            [os.path.relpath(os.path.join(SRC, "runtime", "_runtime.pyx"), HERE)],
             extra_compile_args=base + omp_c,
             extra_link_args=omp_l,
         )
@@ -140,7 +151,7 @@ def extensions(levels, omp):
             exts.append(
                 Extension(
                     f"cyformer._kernels_{level}.{mod}",
-                    [os.path.join(pkg, f"{mod}.pyx")],
+                    [os.path.relpath(os.path.join(pkg, f"{mod}.pyx"), HERE)],
                     include_dirs=[pkg, numpy.get_include()],
                     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                     extra_compile_args=base + flags + omp_c,

@@ -57,6 +57,9 @@ def token_ids(fn, name, ids, vocab_size, ndim=None):
     """Token ids as a C-contiguous int64 array, every id in [0, vocab_size)."""
     if isinstance(ids, np.ndarray):
         arr = ids
+    elif isinstance(ids, (str, bytes)):
+        raise ValueError(f"{fn}: {name} must be token ids, got text; {fn} takes token ids: "
+                         "use model.encode(text) (generate and stream take text as it is)")
     else:
         try:
             arr = np.asarray(ids)

@@ -64,6 +64,8 @@ def build_parser():
         description="CPU-native GPT-2 inference with Cython kernels.",
         epilog="Run 'cyformer COMMAND --help' for the options of each command.",
     )
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"cyformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     g = sub.add_parser(
@@ -72,11 +74,15 @@ def build_parser():
                     "Only text goes to standard output; --verbose adds statistics on standard error.")
     g.add_argument("prompt", help="text to continue (use $'...' in bash for newlines)")
     _model_args(g)
-    g.add_argument("-n", "--max-new-tokens", type=_nonneg_int, default=128, metavar="N",
-                   help="stop after N new tokens (default: 128); generation also stops at the "
-                        "end-of-text token or when the context window is full")
+    g.add_argument("-n", "--max-new-tokens", type=_nonneg_int, default=64, metavar="N",
+                   help="stop after N new tokens (default: 64, as Model.generate); generation also "
+                        "stops at the end-of-text token or when the context window is full")
+    g.add_argument("--truncate", action="store_true",
+                   help="keep the end of a prompt too long for the context (room is left for N new "
+                        "tokens) instead of refusing it")
     _sampling_args(g)
-    g.add_argument("--no-prompt", action="store_true", help="print only the continuation")
+    g.add_argument("--no-prompt", action="store_true",
+                   help="print only the continuation (what Model.generate returns)")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="print token counts, time to first token and tokens/s to standard error")
 
@@ -188,7 +194,8 @@ def _load(args):
 def cmd_generate(args):
     model = _load(args)
     # Validate every argument (by building the stream) before printing anything.
-    stream = model.stream(args.prompt, max_new_tokens=args.max_new_tokens, **_sampling(args))
+    stream = model.stream(args.prompt, max_new_tokens=args.max_new_tokens, truncate=args.truncate,
+                          **_sampling(args))
     out = sys.stdout
     if not args.no_prompt:
         out.write(args.prompt)
@@ -325,6 +332,15 @@ def cmd_inspect(args):
 
     from .interp import export, lens
 
+    # An optional dependency that is missing is found before the work: the
+    # rest (text, HTML) is still produced, and the exit status says what was not.
+    png_missing = None
+    if args.png:
+        try:
+            export.require_matplotlib()
+        except export.PlotUnavailable as e:
+            png_missing = e
+            print(f"cyformer: warning: not writing {args.png}: {e}", file=sys.stderr)
     model = _load(args)
     cfg = model.config
     for name, value, n in (("layer", args.layer, cfg.n_layer), ("head", args.head, cfg.n_head)):
@@ -360,9 +376,11 @@ def cmd_inspect(args):
         print(lens.logit_lens(model, ids, k=1).format())
     patterns = {(i, h): cache[f"blocks.{i}.attn.hook_pattern"][h] for i in layers for h in heads}
     for path, save in ((args.png, export.save_png), (args.html, export.save_html)):
-        if path:
+        if path and not (save is export.save_png and png_missing):
             save(path, labels, patterns)
             print(f"[cyformer] wrote {len(patterns)} attention pattern(s) to {path}", file=sys.stderr)
+    if png_missing:
+        raise png_missing
     return 0
 
 

@@ -77,9 +77,10 @@ class Generation:
 
     def __init__(self, model, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT,
                  top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None,
-                 *, add_special_tokens=True, end_ids=()):
+                 *, add_special_tokens=True, end_ids=(), truncate=False):
         # add_special_tokens: encode a str prompt as transformers does (bos where
-        # the tokenizer adds one); end_ids: more ids that end it as eos does.
+        # the tokenizer adds one); end_ids: more ids that end it as eos does;
+        # truncate: keep the end of a prompt too long for the context.
         cfg = model.config
         self.model = model
         self.text_mode = isinstance(prompt, str)
@@ -92,11 +93,18 @@ class Generation:
         ids = _checks.token_ids("generate", "prompt", prompt_ids, cfg.vocab_size, ndim=1)
         if ids.size == 0:
             raise ValueError("prompt must hold at least one token")
-        if ids.size > cfg.n_positions:
-            raise ValueError(f"prompt has {ids.size} tokens, more than n_positions={cfg.n_positions}")
         self.max_new_tokens = _checks.integer("generate", "max_new_tokens", max_new_tokens)
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        self.truncated_tokens = 0
+        if truncate and ids.size + self.max_new_tokens > cfg.n_positions:
+            # keep the end, leaving room for the new tokens (and at least one prompt token)
+            keep = max(1, cfg.n_positions - self.max_new_tokens)
+            self.truncated_tokens = max(0, int(ids.size) - keep)
+            ids = ids[ids.size - min(keep, ids.size):]
+        if ids.size > cfg.n_positions:
+            raise ValueError(f"prompt has {ids.size} tokens, more than n_positions={cfg.n_positions}; "
+                             "truncate=True (cyformer generate --truncate) keeps its end")
         # DEFAULT: the checkpoint's value (generation_config.json)
         self.params = model.generation_config.sampling(temperature, top_k, top_p, repetition_penalty, seed)
         self.eos_ids = model.generation_config.eos_ids(cfg) | frozenset(end_ids)
@@ -188,6 +196,7 @@ class Generation:
         n = len(self.tokens)
         self.stats = {
             "prompt_tokens": int(self.prompt_ids.size),
+            "truncated_tokens": self.truncated_tokens,
             "new_tokens": n,
             "time_to_first_token_s": t_first - t0,
             "total_s": t_end - t0,

@@ -37,6 +37,9 @@ what the hook left; a hook that changes nothing leaves the logits bitwise
 those of a plain forward.
 """
 
+import difflib
+import re
+
 import numpy as np
 
 # Per-block points in the order a forward pass reaches them; the rotary and
@@ -109,15 +112,25 @@ def select(cfg, names, fn="run_with_cache"):
         if not isinstance(n, str):
             raise ValueError(f"{fn}: hook names must be strings, got {n!r}")
         if n not in known:
-            raise ValueError(f"{fn}: no hook point named {n!r}; " + _hint(n, cfg))
+            raise ValueError(f"{fn}: no hook point named {n!r}; " + unknown_name_hint(n, every))
     return frozenset(wanted)
 
 
-def _hint(name, cfg):
-    tail = name.rsplit(".", 1)[-1]
-    similar = [n for n in hook_names(cfg) if tail in n]
-    if similar:
-        return f"e.g. {similar[0]!r} (layers 0..{cfg.n_layer - 1})"
+def unknown_name_hint(name, every):
+    """What to say about a name that is no hook point of a model whose points
+    are ``every``: a layer it does not have, or the nearest valid names."""
+    layers = sorted({int(m.group(1)) for m in map(re.compile(r"blocks\.(\d+)\.").match, every) if m})
+    asked = re.match(r"blocks\.(\d+)\.(.*)", name)
+    if asked and layers and int(asked.group(1)) not in layers:
+        near = difflib.get_close_matches(f"blocks.{layers[-1]}.{asked.group(2)}", every, n=1)
+        return (f"this model has layers 0..{layers[-1]}"
+                + (f" (the last one's is {near[0]!r})" if near else "") + "; model.hook_names() lists them")
+    near = difflib.get_close_matches(name, every, n=3, cutoff=0.6)
+    if not near:  # a bare point name ("pattern", "hook_z"): the points that end with it
+        tail = name.rsplit(".", 1)[-1]
+        near = [n for n in every if tail and n.endswith(tail)][:3]
+    if near:
+        return "did you mean " + " or ".join(repr(n) for n in near) + "?"
     return "model.hook_names() lists them"
 
 
@@ -198,9 +211,21 @@ def _replacement(name, old, new):
 
 
 class ActivationCache(dict):
-    """name -> activation array, in the order the forward pass produced them."""
+    """name -> activation array, in the order the forward pass produced them.
+
+    ``hook_names``: every hook point of the model that filled it (set by
+    run_with_cache), so a missing key is told apart from a misspelt one."""
+
+    hook_names = None
 
     def __missing__(self, name):
+        if self.hook_names is not None and name not in self.hook_names:
+            raise KeyError(f"no hook point named {name!r}; " + unknown_name_hint(name, self.hook_names))
+        if self.hook_names is None and isinstance(name, str) and name not in self:
+            near = difflib.get_close_matches(name, list(self), n=3, cutoff=0.8)
+            if near:
+                raise KeyError(f"{name!r} is not in this cache; did you mean "
+                               + " or ".join(repr(n) for n in near) + "?")
         some = ", ".join(list(self)[:3])
         raise KeyError(f"{name!r} is not in this cache ({len(self)} names"
                        f"{': ' + some + ', ...' if some else ''}); ask run_with_cache for it "

@@ -129,7 +129,9 @@ class Model:
 
         hooks = HookPoints(self.config, select(self.config, names), fwd_hooks)
         logits, caches, batched = self._run_hooked("run_with_cache", ids, hooks)
-        return logits, stack_batch(caches) if batched else ActivationCache(caches[0])
+        cache = stack_batch(caches) if batched else ActivationCache(caches[0])
+        cache.hook_names = self.hook_names()  # so a misspelt key gets the nearest names
+        return logits, cache
 
     def run_with_hooks(self, ids, fwd_hooks=()):
         """Logits of a forward pass whose activations the hooks may change.
@@ -172,7 +174,7 @@ class Model:
     # -- generation -------------------------------------------------------
 
     def generate(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
-                 repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None):
+                 repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None, truncate=False):
         """Continue ``prompt`` (a str, or a sequence of token ids).
 
         Returns the new text (a str with ``.token_ids``, ``.finish_reason`` and
@@ -186,7 +188,11 @@ class Model:
         It stops at max_new_tokens ("length"), an eos token ("eos": config.json's
         eos_token_id, or generation_config.json's list), a stop string or
         stop token id ("stop"; a stop string is cut from the text), or when the
-        n_positions context is full ("context").
+        n_positions context is full ("context").  A prompt longer than the
+        context is refused unless ``truncate=True``, which keeps its last
+        ``n_positions - max_new_tokens`` tokens (at least one) when prompt and
+        new tokens would not fit; ``.stats["truncated_tokens"]`` counts the
+        dropped ones.  Only the continuation is returned, never the prompt.
 
         cache_names (a list of hook names or a predicate, as run_with_cache's
         names) also records those activations for every position of the
@@ -198,15 +204,15 @@ class Model:
         context is full.  Without cache_names ``.cache`` is None.
         """
         return Generation(self, prompt, max_new_tokens, temperature, top_k, top_p,
-                          repetition_penalty, stop, seed, cache_names).result()
+                          repetition_penalty, stop, seed, cache_names, truncate=truncate).result()
 
     def stream(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
-               repetition_penalty=DEFAULT, stop=None, seed=None):
+               repetition_penalty=DEFAULT, stop=None, seed=None, truncate=False):
         """Like generate(), but yields pieces as they are produced: str pieces
         (never splitting a UTF-8 character) for a str prompt, int ids for an
         ids prompt.  The returned iterator has ``finish_reason`` once exhausted."""
         return Stream(Generation(self, prompt, max_new_tokens, temperature, top_k, top_p,
-                                 repetition_penalty, stop, seed))
+                                 repetition_penalty, stop, seed, truncate=truncate))
 
     def chat(self, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
              repetition_penalty=DEFAULT, stop=None, seed=None, template_vars=None):

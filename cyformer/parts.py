@@ -104,6 +104,22 @@ class FactoredMatrix:
         return out
 
 
+class Indexed(tuple):
+    """A tuple of parts whose out-of-range index names the part and the valid range."""
+
+    def __new__(cls, items, what):
+        self = super().__new__(cls, items)
+        self.what = what
+        return self
+
+    def __getitem__(self, i):
+        try:
+            return super().__getitem__(i)
+        except IndexError:
+            raise IndexError(f"{self.what} index {i} out of range: there are {len(self)} "
+                             f"(0..{len(self) - 1})") from None
+
+
 class Head:
     """One attention head of one layer; W_* and b_* are read-only weight views.
 
@@ -143,7 +159,8 @@ class Attention:
     """A layer's attention: ``heads[h]``, and the shared output bias ``b_O`` [C]."""
 
     def __init__(self, layer, block_weights, cfg):
-        self.heads = tuple(Head(layer, h, block_weights, cfg) for h in range(cfg.n_head))
+        self.heads = Indexed((Head(layer, h, block_weights, cfg) for h in range(cfg.n_head)),
+                             f"layer {layer}: head")
         self.b_O = _view(block_weights.attn_c_proj.bias)
 
 
@@ -183,7 +200,8 @@ class Neurons:
             return [self[i] for i in range(*n.indices(self._n))]
         i = int(n)
         if not -self._n <= i < self._n:
-            raise IndexError(f"neuron index {n} out of range for d_mlp={self._n}")
+            raise IndexError(f"layer {self.layer}: neuron index {n} out of range: there are "
+                             f"d_mlp={self._n} (0..{self._n - 1})")
         return Neuron(self.layer, i % self._n, self._w, self._gated)
 
     def __iter__(self):
@@ -229,7 +247,7 @@ class Block:
 
 def model_blocks(cfg, weights):
     """The blocks of a loaded model, as a tuple of Block views."""
-    return tuple(Block(i, w, cfg) for i, w in enumerate(weights.blocks))
+    return Indexed((Block(i, w, cfg) for i, w in enumerate(weights.blocks)), "block")
 
 
 class Unembed:

@@ -4,6 +4,7 @@
 # source tree).  Usage: scripts/test.sh [extra pytest args for the main suite]
 #
 # Order: release wheel -> debug-build kernel tests -> benchmark smoke run ->
+# the docs site (strict) ->
 # the full suite against the release wheel (last, so its summary closes the log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +71,11 @@ done
 
 # The benchmark, as a smoke test only (timings on a shared machine are not checked).
 "$VENV/bin/python" "$ROOT/bench/run.py" --quick --out "$BENCH_OUT"
+
+# The documentation site in strict mode (a warning or a broken reference fails
+# it); its tutorials run against the release wheel.  Pages: build/site/.
+"$VENV/bin/python" -m pip install --quiet "${ROOT}/${WHEEL}[docs]"
+(cd "$ROOT" && NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --site-dir "$ROOT/build/site")
 
 # The full suite against the release wheel.
 "$VENV/bin/python" -m pytest -p no:cacheprovider --rootdir "$ROOT" "$ROOT/tests" "$@"

@@ -1,6 +1,12 @@
 import os
 import sys
 
+# transformers' weight-loading progress bars and notices would fill the test
+# log; set before anything imports transformers (subprocesses inherit them).
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
 import numpy as np
 import pytest
 

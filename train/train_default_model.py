@@ -53,6 +53,8 @@ N_HEAD = 4
 N_POSITIONS = 256
 
 SAMPLE_PROMPTS = ["def fib(n):", "import os\n", "class Stack:"]
+GENERATION_DEFAULTS = {"bos_token_id": 0, "eos_token_id": 0, "do_sample": True, "temperature": 0.8,
+                       "top_k": 40, "repetition_penalty": 1.2}
 
 
 # --------------------------------------------------------------------------
@@ -253,6 +255,11 @@ def write_card(out: Path, info: dict) -> None:
         lines.append(f"| `{name}` | {fmt_bytes(size)} |")
     lines += [
         f"| **total** | {fmt_bytes(sum(i['file_sizes'].values()))} |",
+        "",
+        "`generation_config.json` sets the sampling defaults that `generate` and `cyformer generate`",
+        "use when no sampling argument is given: temperature 0.8, top-k 40, repetition penalty 1.2",
+        "(greedy decoding of a model this small repeats itself: see the samples below;",
+        "`temperature=0` or `-t 0` asks for greedy).",
         "",
         "## Training",
         "",
@@ -520,11 +527,12 @@ def main(argv=None) -> None:
     # transformers >= 5 always writes safetensors and ignores the flag;
     # 4.x needs it.
     model.save_pretrained(out, safe_serialization=True)
-    for stale in ("pytorch_model.bin", "generation_config.json"):
-        # generation_config.json only repeats bos/eos; keep the shipped set minimal.
-        if (out / stale).exists():
-            (out / stale).unlink()
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    if (out / "pytorch_model.bin").exists():
+        (out / "pytorch_model.bin").unlink()
+    # Sampling defaults for generate() and the CLI: greedy decoding of a model
+    # this small loops ("get_get_get..."), so the shipped defaults sample.
+    (out / "generation_config.json").write_text(json.dumps(GENERATION_DEFAULTS, indent=2) + "\n")
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
         # The weights are written through a private temp file (mode 0600).
         (out / name).chmod(0o644)
 

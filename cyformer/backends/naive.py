@@ -342,8 +342,8 @@ class Unembedding:
 
 
 class NaiveCache:
-    """What attention needs of earlier positions: keys[layer][g] and
-    values[layer][g] are lists with one d_head vector per position, for each
+    """What attention needs of earlier positions: ``keys[layer][g]`` and
+    ``values[layer][g]`` are lists with one d_head vector per position, for each
     key/value head g."""
 
     def __init__(self, cfg: Config, capacity):

@@ -43,6 +43,18 @@ def _pick(what, value, n):
     return [int(v) for v in values]
 
 
+_NO_MATPLOTLIB = ("PNG output needs matplotlib: pip install 'cyformer[plot]' "
+                  "(or write HTML, which needs nothing)")
+
+
+def require_matplotlib():
+    """Raise PlotUnavailable unless matplotlib can be imported (check before long work)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotUnavailable(_NO_MATPLOTLIB) from None
+
+
 def save_png(path, tokens, patterns, dpi=110):
     """Draw the patterns ({(layer, head): [T, T]}) as a grid, layers down and
     heads across, with token labels on the axes, and write it to ``path``."""
@@ -50,8 +62,7 @@ def save_png(path, tokens, patterns, dpi=110):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlotUnavailable("PNG output needs matplotlib: pip install 'cyformer[plot]' "
-                              "(or write HTML, which needs nothing)") from None
+        raise PlotUnavailable(_NO_MATPLOTLIB) from None
     layers = sorted({i for i, _ in patterns})
     heads = sorted({h for _, h in patterns})
     T = len(tokens)

@@ -34,7 +34,7 @@ class LogitLens:
     Row 0 of every array reads the embeddings, row i + 1 the stream after
     block i (labels "embed", "L0", ...); the last row is the final stream,
     whose lens is the model's own prediction.  ids [T] the input; top_ids [L+1, T, k]; top_probs
-    [L+1, T, k] softmax probabilities; labels: row names; tokens [L+1][T][k]
+    [L+1, T, k] softmax probabilities; labels: row names; ``tokens[L+1][T][k]``
     the decoded top tokens (ids as text when there is no tokenizer).
     """
 
