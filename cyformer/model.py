@@ -66,7 +66,7 @@ class Model:
     def __repr__(self):
         c = self.config
         kv = f" ({c.n_kv_head} key/value)" if c.n_kv_head != c.n_head else ""
-        return (f"<cyformer.Model {c.model_type} ({self.backend.name}, {self.dtype}) {c.n_layer} layers, "
+        return (f"<cyformer.Model {c.model_type} {self.dtype} ({self.backend.name}) {c.n_layer} layers, "
                 f"d_model {c.n_embd}, {c.n_head} heads{kv}, vocab {c.vocab_size}, context {c.n_positions}, "
                 f"threads {self.threads}>")
 

@@ -33,7 +33,7 @@ cimport numpy as cnp
 from ._util cimport cptr, f32, wptr
 from .activations cimport ACT_NONE, ACT_SWIGLU
 from .attention cimport append_kv_head, attend_one, attend_one_scratch_size, rope_head
-from .linalg cimport (GEMV_COLS, Epilogue, Team, Wt, dequant_row, gemv_partials_size, gemv_team,
+from .linalg cimport (GEMV_COLS, Epilogue, Team, Wt, dequant_row, gemv_partials_size, gemv_team_rows,
                       team_of, weights_of)
 from .norm cimport norm_row
 from .simd cimport cyf_swiglu_n
@@ -75,10 +75,18 @@ cdef struct Net:  # everything a step reads besides the layers and the cache
 
 
 cdef struct Scratch:  # memory of one step
-    float* shared    # resid | qkv | z | hidden (| gate-up), read by every thread
+    float* shared    # resid | qkv | z | hidden | gate-up, B rows each, read by every thread
     float* partials  # gemv_team's partial sums
     float* private   # private_size floats per thread
     Py_ssize_t private_size
+
+
+cdef struct Seq:  # one sequence of a batch: its new token and its cache
+    Py_ssize_t token
+    Py_ssize_t past  # positions already cached; the token goes here
+    Py_ssize_t cap
+    float* k         # [L, G, D, cap]
+    float* v         # [L, G, cap, D]
 
 
 cdef inline Epilogue _ep(const float* bias, int act, bint accumulate) noexcept nogil:
@@ -87,85 +95,108 @@ cdef inline Epilogue _ep(const float* bias, int act, bint accumulate) noexcept n
     return e
 
 
-cdef void _step(const Net* net, const Layer* layers, Py_ssize_t token, float* k_cache,
-                float* v_cache, Py_ssize_t past, Py_ssize_t cap, float* logits,
+cdef inline void _norms(int kind, float* x, const float* resid, const float* g, const float* b,
+                        Py_ssize_t B, Py_ssize_t C, float eps) noexcept nogil:
+    cdef Py_ssize_t r
+    for r in range(B):
+        norm_row(kind, x + r * C, resid + r * C, g, b, C, eps, NULL)
+
+
+cdef void _step(const Net* net, const Layer* layers, const Seq* seqs, Py_ssize_t B, float* logits,
                 Scratch mem, int nthreads) noexcept nogil:
+    # B sequences, each at its own position with its own cache: every weight
+    # matrix is read once for all of them (gemv_team_rows); attention runs
+    # per sequence and head.  Row r's arithmetic is that of a one-sequence
+    # step, so a batch gives each sequence bitwise its own logits.
     cdef Py_ssize_t C = net.C, H = net.H, G = net.G, D = net.D, F = net.F
     cdef Py_ssize_t NQ = (H + 2 * G) * D, half = D // 2
-    cdef Py_ssize_t L = past + 1  # keys the new token sees, itself included
     cdef bint gated = net.act == ACT_SWIGLU
-    cdef float* resid = mem.shared
-    cdef float* qkv = resid + C
-    cdef float* z = qkv + NQ
-    cdef float* hidden = z + H * D
-    cdef float* gate_up = hidden + F  # [2F], SwiGLU only
-    cdef Py_ssize_t l, h, c, g, f0, f1
+    cdef float* resid = mem.shared          # [B, C]
+    cdef float* qkv = resid + B * C         # [B, NQ]
+    cdef float* z = qkv + B * NQ            # [B, H D]
+    cdef float* hidden = z + B * H * D      # [B, F]
+    cdef float* gate_up = hidden + B * F    # [B, 2F], SwiGLU only
+    cdef Py_ssize_t l, h, c, g, f0, f1, i, r, p
     cdef Team team
     cdef const Layer* ly
+    cdef const Seq* sq
     cdef float* x
     cdef float* acc
     cdef float* s
     cdef float* kl
     cdef float* vl
+    cdef float* row
     # work counters: [0] for every W [K, N] product (each leaves it at 0),
     # [1] for the unembedding
     cdef Py_ssize_t counters[2]
     counters[0] = counters[1] = 0
     with parallel(num_threads=nthreads):
         team = team_of(threadid(), cyf_team_size(), &counters[0])
-        x = mem.private + team.tid * mem.private_size
-        acc = x + C
+        x = mem.private + team.tid * mem.private_size   # [B, C], this thread's copy
+        acc = x + B * C
         s = acc + GEMV_COLS
         if team.tid == 0:
-            dequant_row(resid, net.wte, token, C)
-            if net.wpe != NULL:
-                for c in range(C):
-                    resid[c] = resid[c] + net.wpe[past * C + c]
+            for r in range(B):
+                dequant_row(resid + r * C, net.wte, seqs[r].token, C)
+                if net.wpe != NULL:
+                    for c in range(C):
+                        resid[r * C + c] = resid[r * C + c] + net.wpe[seqs[r].past * C + c]
         cyf_barrier()
         for l in range(net.n_layer):
             ly = layers + l
-            kl = k_cache + l * G * D * cap
-            vl = v_cache + l * G * cap * D
-            norm_row(net.norm, x, resid, ly.ln1_g, ly.ln1_b, C, net.eps, NULL)
-            gemv_team(qkv, x, ly.attn_w, C, NQ, _ep(ly.attn_b, ACT_NONE, False),
-                      mem.partials, acc, team)
+            _norms(net.norm, x, resid, ly.ln1_g, ly.ln1_b, B, C, net.eps)
+            gemv_team_rows(qkv, NQ, x, C, B, ly.attn_w, C, NQ, _ep(ly.attn_b, ACT_NONE, False),
+                           mem.partials, acc, team)
             cyf_barrier()
-            # query and key heads (H + G of them) rotated, then cached
+            # query and key heads (H + G per sequence) rotated, then cached
             if net.rope_cos != NULL:
-                for h in range(team.tid * (H + G) // team.size, (team.tid + 1) * (H + G) // team.size):
-                    rope_head(qkv + h * D, D, net.rope_cos + past * half, net.rope_sin + past * half)
+                for i in range(team.tid * B * (H + G) // team.size, (team.tid + 1) * B * (H + G) // team.size):
+                    r = i // (H + G)
+                    p = seqs[r].past
+                    rope_head(qkv + r * NQ + (i % (H + G)) * D, D, net.rope_cos + p * half,
+                              net.rope_sin + p * half)
                 cyf_barrier()
-            for g in range(team.tid * G // team.size, (team.tid + 1) * G // team.size):
-                append_kv_head(qkv, kl, vl, past, 1, g, H, G, D, cap)
+            for i in range(team.tid * B * G // team.size, (team.tid + 1) * B * G // team.size):
+                sq = seqs + i // G
+                append_kv_head(qkv + (i // G) * NQ, sq.k + l * G * D * sq.cap, sq.v + l * G * sq.cap * D,
+                               sq.past, 1, i % G, H, G, D, sq.cap)
             cyf_barrier()
-            for h in range(team.tid * H // team.size, (team.tid + 1) * H // team.size):
+            for i in range(team.tid * B * H // team.size, (team.tid + 1) * B * H // team.size):
+                r = i // H
+                h = i % H
                 g = h // (H // G)
-                attend_one(z + h * D, qkv + h * D, kl + g * D * cap, vl + g * cap * D, L, D, cap,
-                           s, L, NULL, NULL, 0)
+                sq = seqs + r
+                kl = sq.k + l * G * D * sq.cap
+                vl = sq.v + l * G * sq.cap * D
+                attend_one(z + r * H * D + h * D, qkv + r * NQ + h * D, kl + g * D * sq.cap,
+                           vl + g * sq.cap * D, sq.past + 1, D, sq.cap, s, sq.past + 1, NULL, NULL, 0)
             cyf_barrier()
-            gemv_team(resid, z, ly.attn_proj_w, H * D, C, _ep(ly.attn_proj_b, ACT_NONE, True),
-                      mem.partials, acc, team)
+            gemv_team_rows(resid, C, z, H * D, B, ly.attn_proj_w, H * D, C,
+                           _ep(ly.attn_proj_b, ACT_NONE, True), mem.partials, acc, team)
             cyf_barrier()
-            norm_row(net.norm, x, resid, ly.ln2_g, ly.ln2_b, C, net.eps, NULL)
+            _norms(net.norm, x, resid, ly.ln2_g, ly.ln2_b, B, C, net.eps)
             if gated:
-                gemv_team(gate_up, x, ly.fc_w, C, 2 * F, _ep(ly.fc_b, ACT_NONE, False),
-                          mem.partials, acc, team)
+                gemv_team_rows(gate_up, 2 * F, x, C, B, ly.fc_w, C, 2 * F, _ep(ly.fc_b, ACT_NONE, False),
+                               mem.partials, acc, team)
                 cyf_barrier()
                 # in 16-float pieces, as gemv_team splits its outputs
                 f0 = team.tid * F // team.size // 16 * 16
                 f1 = F if team.tid == team.size - 1 else (team.tid + 1) * F // team.size // 16 * 16
                 if f1 > f0:
-                    cyf_swiglu_n(hidden + f0, gate_up + f0, gate_up + F + f0, f1 - f0)
+                    for r in range(B):
+                        row = gate_up + r * 2 * F
+                        cyf_swiglu_n(hidden + r * F + f0, row + f0, row + F + f0, f1 - f0)
             else:
-                gemv_team(hidden, x, ly.fc_w, C, F, _ep(ly.fc_b, net.act, False),
-                          mem.partials, acc, team)
+                gemv_team_rows(hidden, F, x, C, B, ly.fc_w, C, F, _ep(ly.fc_b, net.act, False),
+                               mem.partials, acc, team)
             cyf_barrier()
-            gemv_team(resid, hidden, ly.mlp_proj_w, F, C, _ep(ly.mlp_proj_b, ACT_NONE, True),
-                      mem.partials, acc, team)
+            gemv_team_rows(resid, C, hidden, F, B, ly.mlp_proj_w, F, C, _ep(ly.mlp_proj_b, ACT_NONE, True),
+                           mem.partials, acc, team)
             cyf_barrier()
-        norm_row(net.norm, x, resid, net.lnf_g, net.lnf_b, C, net.eps, NULL)
+        _norms(net.norm, x, resid, net.lnf_g, net.lnf_b, B, C, net.eps)
         team = team_of(team.tid, team.size, &counters[1])
-        gemv_team(logits, x, net.lm_head, C, net.V, _ep(NULL, ACT_NONE, False), NULL, acc, team)
+        gemv_team_rows(logits, net.V, x, C, B, net.lm_head, C, net.V, _ep(NULL, ACT_NONE, False), NULL,
+                       acc, team)
 
 
 cdef class DecodeStep:
@@ -280,32 +311,64 @@ cdef class DecodeStep:
 
     def __call__(self, token, k_cache, v_cache, past, threads=None):
         """token: the new id; k_cache [L, G, D, cap], v_cache [L, G, cap, D]
-        float32, filled at positions < past (this token goes to ``past``)."""
-        fn = "decode step"
+        float32, filled at positions < past (this token goes to ``past``).
+        Returns logits [1, V]."""
+        return self.batch([token], [k_cache], [v_cache], [past], threads, "decode step")
+
+    def batch(self, tokens, k_caches, v_caches, pasts, threads=None, fn="decode batch"):
+        """One step of B sequences at once: tokens [B] (one new id each),
+        their caches (lists of B arrays as for a single step) and positions
+        pasts [B].  Each weight matrix is read once for the whole batch;
+        returns logits [B, V], row r bitwise that of a one-sequence step."""
         cdef Net* net = &self.net
-        token = _checks.integer(fn, "token", token)
-        if not 0 <= token < net.V:
-            raise ValueError(f"{fn}: token id {token} is outside the vocabulary [0, {net.V})")
-        f32(fn, "k_cache", k_cache, 4, True)
-        f32(fn, "v_cache", v_cache, 4, True)
+        tokens, k_caches, v_caches, pasts = list(tokens), list(k_caches), list(v_caches), list(pasts)
+        cdef Py_ssize_t B = len(tokens)
+        if B < 1 or not (len(k_caches) == len(v_caches) == len(pasts) == B):
+            raise ValueError(f"{fn}: tokens, k_caches, v_caches and pasts must be as long as each other "
+                             f"and non-empty, got {len(tokens)}, {len(k_caches)}, {len(v_caches)}, {len(pasts)}")
         cdef Py_ssize_t C = net.C, D = net.D, F = net.F
-        cdef Py_ssize_t cap = k_cache.shape[3]
-        _checks.shape(fn, "k_cache", k_cache, (net.n_layer, net.G, D, cap))
-        _checks.shape(fn, "v_cache", v_cache, (net.n_layer, net.G, cap, D))
-        _checks.no_overlap(fn, "k_cache", k_cache, v_cache=v_cache)
-        past = _checks.integer(fn, "past", past)
-        if not 0 <= past < min(cap, self.P):
-            raise ValueError(f"{fn}: past={past} is outside the cache ({cap} positions) "
-                             f"or the context ({self.P} positions)")
-        cdef int nt = _checks.threads(fn, threads)
-        cdef Py_ssize_t NQ = (net.H + 2 * net.G) * D
-        cdef Py_ssize_t nshared = C + NQ + net.H * D + 3 * F
-        cdef Py_ssize_t private_size = C + GEMV_COLS + attend_one_scratch_size(cap, D)
-        cdef Py_ssize_t n_in = 2 * F if net.act == ACT_SWIGLU else F
-        cdef Py_ssize_t npart = max(gemv_partials_size(C, NQ), gemv_partials_size(C, n_in),
-                                    gemv_partials_size(F, C), gemv_partials_size(net.H * D, C))
-        work = np.empty(nshared + npart + nt * private_size, dtype=np.float32)
-        logits = np.empty((1, net.V), dtype=np.float32)
+        cdef Seq* seqs = <Seq*>calloc(B, sizeof(Seq))
+        if seqs == NULL:
+            raise MemoryError()
+        cdef Py_ssize_t r, maxcap = 0
+        try:
+            for r in range(B):
+                token = _checks.integer(fn, "token", tokens[r])
+                if not 0 <= token < net.V:
+                    raise ValueError(f"{fn}: token id {token} is outside the vocabulary [0, {net.V})")
+                k_cache, v_cache = k_caches[r], v_caches[r]
+                f32(fn, "k_cache", k_cache, 4, True)
+                f32(fn, "v_cache", v_cache, 4, True)
+                cap = k_cache.shape[3]
+                _checks.shape(fn, "k_cache", k_cache, (net.n_layer, net.G, D, cap))
+                _checks.shape(fn, "v_cache", v_cache, (net.n_layer, net.G, cap, D))
+                _checks.no_overlap(fn, "k_cache", k_cache, v_cache=v_cache)
+                for q in range(r):
+                    _checks.no_overlap(fn, f"k_caches[{r}]", k_cache, **{f"the cache of sequence {q}": k_caches[q]})
+                    _checks.no_overlap(fn, f"v_caches[{r}]", v_cache, **{f"the cache of sequence {q}": v_caches[q]})
+                past = _checks.integer(fn, "past", pasts[r])
+                if not 0 <= past < min(cap, self.P):
+                    raise ValueError(f"{fn}: past={past} is outside the cache ({cap} positions) "
+                                     f"or the context ({self.P} positions)")
+                seqs[r].token, seqs[r].past, seqs[r].cap = token, past, cap
+                seqs[r].k, seqs[r].v = wptr(k_cache), wptr(v_cache)
+                maxcap = max(maxcap, cap)
+            nt = _checks.threads(fn, threads)
+            NQ = (net.H + 2 * net.G) * D
+            nshared = B * (C + NQ + net.H * D + 3 * F)
+            private_size = B * C + GEMV_COLS + attend_one_scratch_size(maxcap, D)
+            n_in = 2 * F if net.act == ACT_SWIGLU else F
+            npart = B * max(gemv_partials_size(C, NQ), gemv_partials_size(C, n_in),
+                            gemv_partials_size(F, C), gemv_partials_size(net.H * D, C))
+            work = np.empty(nshared + npart + nt * private_size, dtype=np.float32)
+            logits = np.empty((B, net.V), dtype=np.float32)
+            self._run(seqs, B, work, nshared, npart, private_size, logits, nt)
+        finally:
+            free(seqs)
+        return logits
+
+    cdef void _run(self, Seq* seqs, Py_ssize_t B, object work, Py_ssize_t nshared, Py_ssize_t npart,
+                   Py_ssize_t private_size, object logits, int nt) except *:
         cdef float* pw = wptr(work)
         cdef Scratch mem
         mem.shared = pw
@@ -313,9 +376,5 @@ cdef class DecodeStep:
         mem.private = pw + nshared + npart
         mem.private_size = private_size
         cdef float* pl = wptr(logits)
-        cdef float* pk = wptr(k_cache)
-        cdef float* pv = wptr(v_cache)
-        cdef Py_ssize_t tok = token, p = past
         with nogil:
-            _step(net, self.layers, tok, pk, pv, p, cap, pl, mem, nt)
-        return logits
+            _step(&self.net, self.layers, seqs, B, pl, mem, nt)

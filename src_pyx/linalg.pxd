@@ -55,6 +55,11 @@ cdef enum:
     # Outputs per work item when W is [N, K] (contiguous rows): 1.5 MB of a
     # d_model-768 unembedding.
     GEMV_T_ROWS = 512
+    # Several rows of x at once: columns per piece of a [K, N] block (64 x 512
+    # floats, 128 KB, stay in L2 while every row reads them), and rows of an
+    # [N, K] matrix per piece.
+    GEMV_B_COLS = 512
+    GEMV_B_ROWS_T = 64
 
 cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
@@ -80,7 +85,8 @@ cdef inline Py_ssize_t gemv_per_thread(Py_ssize_t N, int nthreads) noexcept nogi
     cdef Py_ssize_t per = (N + nthreads - 1) // nthreads
     return (per + 15) // 16 * 16
 
-# Floats of partial sums gemv_team needs (shared by the team).
+# Floats of partial sums gemv_team needs (shared by the team); B rows of x
+# need B times as many.
 cdef Py_ssize_t gemv_partials_size(Py_ssize_t K, Py_ssize_t N) noexcept nogil
 
 # What a product does with each finished sum s: out = act(s + bias), or
@@ -115,6 +121,13 @@ cdef inline Team team_of(int tid, int size, Py_ssize_t* counter) noexcept nogil:
 # same as linear() gives for fewer than MATVEC_ROWS rows.
 cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N,
                     Epilogue ep, float* partials, float* acc, Team team) noexcept nogil
+
+# The same for B rows of x (ldx apart) into B rows of out (ldo apart), every
+# block of W read from memory once for all of them: a batch's decode step.
+# Row r's outputs are bitwise those of gemv_team on row r alone.
+cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t ldx, Py_ssize_t B,
+                         Wt W, Py_ssize_t K, Py_ssize_t N, Epilogue ep, float* partials, float* acc,
+                         Team team) noexcept nogil
 
 # out[i] += x[i]
 cdef void add(float* out, const float* x, Py_ssize_t n, int nthreads) noexcept nogil

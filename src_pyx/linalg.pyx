@@ -245,6 +245,12 @@ cdef void _gemv_block(float* partial, const float* x, Wt W, Py_ssize_t k0, Py_ss
 
 cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N,
                     Epilogue ep, float* partials, float* acc, Team team) noexcept nogil:
+    gemv_team_rows(out, N, x, K, 1, W, K, N, ep, partials, acc, team)
+
+
+cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t ldx, Py_ssize_t B,
+                         Wt W, Py_ssize_t K, Py_ssize_t N, Epilogue ep, float* partials, float* acc,
+                         Team team) noexcept nogil:
     # Each thread must stream long contiguous runs of W: two threads reading
     # the two halves of every row ran 20-25 % slower (measured on 768x3072
     # and 3072x768) than two threads each reading its own block of rows.
@@ -256,6 +262,9 @@ cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N
     # do not depend on the team, so neither do the results.  The last few
     # blocks are handed out in column pieces, so that the thread that
     # finishes first waits for a fraction of a block rather than a whole one.
+    # With B rows of x, each piece of a block is read from DRAM once and
+    # then serves every row from the cache (pieces of GEMV_B_COLS columns
+    # stay in L2); every row's sums are those of a one-row product.
     cdef Py_ssize_t per = gemv_per_thread(N, team.size)
     cdef Py_ssize_t n0 = team.tid * per
     cdef Py_ssize_t* counter = team.counter
@@ -263,7 +272,7 @@ cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N
     cdef int act = ep.act
     cdef bint accumulate = ep.accumulate
     cdef Py_ssize_t n1 = N if N < n0 + per else n0 + per
-    cdef Py_ssize_t nb, blk, k0, kb, c0, c1, cw, j, ntail, nitems, item, pw
+    cdef Py_ssize_t nb, blk, k0, kb, c0, c1, cw, j, ntail, nitems, item, pw, r, e, maxw
     cdef float* p0
     cdef const float* pb
     if W.t:  # W [N, K]: a range of outputs already is a contiguous run
@@ -271,8 +280,15 @@ cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N
         blk = cyf_next_item(counter)
         while blk < nb:
             c0 = blk * GEMV_T_ROWS
-            gemv_cols(out, x, W, b, K, N, c0, N if N < c0 + GEMV_T_ROWS else c0 + GEMV_T_ROWS,
-                      act, accumulate, acc)
+            c1 = N if N < c0 + GEMV_T_ROWS else c0 + GEMV_T_ROWS
+            if B == 1:
+                gemv_cols(out, x, W, b, K, N, c0, c1, act, accumulate, acc)
+            else:
+                while c0 < c1:  # a few rows of W, then every row of x against them
+                    e = c1 if c1 < c0 + GEMV_B_ROWS_T else c0 + GEMV_B_ROWS_T
+                    for r in range(B):
+                        gemv_cols(out + r * ldo, x + r * ldx, W, b, K, N, c0, e, act, accumulate, acc)
+                    c0 = e
             blk = cyf_next_item(counter)
         return
     nb = (K + GEMV_ROWS - 1) // GEMV_ROWS
@@ -281,6 +297,7 @@ cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N
     nitems = nb - ntail + ntail * GEMV_TAIL_PIECES
     pw = (N + GEMV_TAIL_PIECES - 1) // GEMV_TAIL_PIECES
     pw = (pw + 15) // 16 * 16
+    maxw = GEMV_COLS if B == 1 else GEMV_B_COLS
     item = cyf_next_item(counter)
     while item < nitems:
         if item < nb - ntail:
@@ -292,21 +309,23 @@ cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N
         k0 = blk * GEMV_ROWS
         kb = K - k0 if K - k0 < GEMV_ROWS else GEMV_ROWS
         while c0 < c1:  # the partial row stays in L1 while W streams past
-            cw = c1 - c0 if c1 - c0 < GEMV_COLS else GEMV_COLS
-            _gemv_block(partials + blk * N + c0, x, W, k0, kb, c0, cw, N, acc)
+            cw = c1 - c0 if c1 - c0 < maxw else maxw
+            for r in range(B):
+                _gemv_block(partials + (r * nb + blk) * N + c0, x + r * ldx, W, k0, kb, c0, cw, N, acc)
             c0 += cw
         item = cyf_next_item(counter)
     cyf_barrier()
     if team.tid == 0:  # every thread has drawn its last item: ready for the next product
         counter[0] = 0
     if n0 < n1:
-        p0 = partials + n0
-        for blk in range(1, nb):
-            pb = partials + blk * N + n0
-            for j in range(n1 - n0):
-                p0[j] = p0[j] + pb[j]
-        _finish(out + n0, p0, b + n0 if b != NULL else NULL, n1 - n0, act, accumulate,
-                W.scale + n0 if W.fmt == CYF_I8 else NULL)
+        for r in range(B):
+            p0 = partials + r * nb * N + n0
+            for blk in range(1, nb):
+                pb = p0 + blk * N
+                for j in range(n1 - n0):
+                    p0[j] = p0[j] + pb[j]
+            _finish(out + r * ldo + n0, p0, b + n0 if b != NULL else NULL, n1 - n0, act, accumulate,
+                    W.scale + n0 if W.fmt == CYF_I8 else NULL)
 
 
 cdef void _gemv(float* out, const float* x, Wt W, const float* b,

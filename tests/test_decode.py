@@ -137,3 +137,45 @@ def test_step_refuses_misshapen_weights(checkpoint):
         decode.DecodeStep(cfg, dataclasses.replace(w, lm_head=w.lm_head[:-1].copy()))
     with pytest.raises(ValueError, match="rope_cos must be None"):
         decode.DecodeStep(cfg, w, np.zeros((cfg.n_positions, cfg.d_head // 2), np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "int4"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_batched_step_is_bitwise_each_sequence_alone(rng, dtype, threads):
+    """Sequences at different positions, with caches of different sizes, in
+    one step: every row equals that sequence's own one-token step."""
+    be = cyformer.load(threads=threads, dtype=dtype).backend
+    V = be.config.vocab_size
+    lens = [3, 17, 1, 9, 30]
+    alone, together = [], []
+    for n in lens:
+        prompt = rng.integers(0, V, size=n)
+        a, b = be.new_cache(n + 4), be.new_cache(n + 4)
+        be.run(prompt, a)
+        be.run(prompt, b)
+        alone.append(a)
+        together.append(b)
+    for _ in range(3):
+        tokens = rng.integers(0, V, size=len(lens))
+        want = np.concatenate([be.run(np.array([t]), kv) for t, kv in zip(tokens, alone)])
+        got = be.step.batch(tokens, [kv.k for kv in together], [kv.v for kv in together],
+                            [kv.length for kv in together], threads=threads)
+        for kv in together:
+            kv.length += 1
+        assert np.array_equal(got, want)
+    for a, b in zip(alone, together):
+        assert np.array_equal(a.k, b.k) and np.array_equal(a.v, b.v)
+
+
+def test_batched_step_refuses_bad_batches():
+    be = cyformer.load().backend
+    a, b = be.new_cache(8), be.new_cache(8)
+    step = be.step.batch
+    with pytest.raises(ValueError, match="as long as each other"):
+        step([1, 2], [a.k], [a.v, b.v], [0, 0])
+    with pytest.raises(ValueError, match="non-empty"):
+        step([], [], [], [])
+    with pytest.raises(ValueError, match="share memory"):
+        step([1, 2], [a.k, a.k], [a.v, b.v], [0, 0])
+    with pytest.raises(ValueError, match="is outside the cache"):
+        step([1, 2], [a.k, b.k], [a.v, b.v], [0, 9 + PAD])
