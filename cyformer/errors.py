@@ -15,3 +15,8 @@ class TokenizerError(CyformerError):
 
 class ChatTemplateError(CyformerError):
     """The model has no chat template, or its template failed on the messages given."""
+
+
+class TorchRequired(CyformerError, NotImplementedError):
+    """A TransformerLens feature that needs PyTorch (gradients, backward hooks,
+    devices); cyformer computes with NumPy on the CPU, forward passes only."""

@@ -17,15 +17,17 @@ from .backends import make_backend
 from .config import Config
 from .generate import Generation, Stream
 from .model_files import DEFAULT, GenerationConfig
+from .tl.api import LensAPI
 from .tokenizer import NoTokenizer
 from .weights import Weights
 
 
-class Model:
+class Model(LensAPI):
     """A loaded model: embedding, blocks, final norm and unembedding.
 
     Build one with ``cyformer.load(path)``.  ``threads`` is the OpenMP team
-    size every kernel call uses; results do not depend on it.
+    size every kernel call uses; results do not depend on it.  It also has
+    TransformerLens's HookedTransformer attributes and methods (cyformer.tl).
     """
 
     def __init__(self, cfg: Config, weights: Weights, threads=None, path=None, tokenizer=None,
@@ -40,6 +42,9 @@ class Model:
         self.backend = make_backend(backend, cfg, weights, self.threads)
         self._parts = None
         self._float_weights = None
+        from .hooks import HookOptions
+        self.hook_options = HookOptions()  # TransformerLens's hook flags (cyformer.tl)
+        self._hook_points = None  # name -> HookPoint, made when hooks are added
 
     @property
     def dtype(self):
@@ -76,6 +81,8 @@ class Model:
         Each sequence runs from position 0 with its own cache; positions only
         see earlier ones (causal).
         """
+        if self._has_added_hooks():  # hooks added with add_hook() run in every pass
+            return self.run_with_hooks(ids)
         batch, batched = _checks.check_ids(ids, self.config)
         backend = self.backend
 
@@ -89,7 +96,12 @@ class Model:
             logits[b] = run(seq)
         return logits
 
-    __call__ = forward
+    def __call__(self, input, **options):
+        """forward(ids); with a str or TransformerLens's keyword arguments
+        (return_type=, prepend_bos=, ...) as HookedTransformer's forward."""
+        if not options and not isinstance(input, (str, list)):
+            return self.forward(input)
+        return self.run_with_hooks(input, **options)
 
     # -- looking inside ---------------------------------------------------
 
@@ -112,54 +124,58 @@ class Model:
     def hook_names(self):
         """Every hook point's name, in the order the forward pass reaches them."""
         from .hooks import hook_names
-        return hook_names(self.config)
+        return hook_names(self.config, self.hook_options)
 
-    def run_with_cache(self, ids, names=None, fwd_hooks=()):
+    def run_with_cache(self, ids, names=None, fwd_hooks=(), *, names_filter=None, **options):
         """Logits plus the activations at the hook points: -> (logits, cache).
 
-        ids [T] or [B, T] as for forward().  names selects what is kept: None
-        (everything), a list of hook names, or a predicate name -> bool; see
-        ``hook_names()`` and cyformer.hooks for names and shapes.  The
-        cache is a dict name -> float32 array, with a leading batch axis for
-        2-D ids.  Only the requested points are computed apart from the
+        ids [T] or [B, T] as for forward() (or a str, tokenized with bos as
+        TransformerLens does).  names (or TransformerLens's names_filter)
+        selects what is kept: None (everything), a hook name, a list of
+        names, or a predicate name -> bool; see ``hook_names()`` and
+        cyformer.hooks for names and shapes.  The cache (cyformer.tl's
+        ActivationCache) maps name -> float32 array, with a leading batch
+        axis for 2-D ids; it also takes TransformerLens's shorthand keys and
+        methods.  Only the requested points are computed apart from the
         fused kernels.  fwd_hooks as in run_with_hooks() run first, so the
-        cache shows what the model used.
+        cache shows what the model used.  options: TransformerLens's
+        remove_batch_dim, return_type, return_cache_object, prepend_bos
+        (cyformer.tl.api.run); what needs torch raises TorchRequired.
         """
-        from .hooks import ActivationCache, HookPoints, select, stack_batch
+        from .hooks import select
+        from .tl.api import run
 
-        hooks = HookPoints(self.config, select(self.config, names), fwd_hooks)
-        logits, caches, batched = self._run_hooked("run_with_cache", ids, hooks)
-        cache = stack_batch(caches) if batched else ActivationCache(caches[0])
-        cache.hook_names = self.hook_names()  # so a misspelt key gets the nearest names
-        return logits, cache
+        if names is not None and names_filter is not None:
+            raise ValueError("run_with_cache: give names or names_filter, not both")
+        wanted = names if names is not None else names_filter
+        record = select(self.config, wanted, "run_with_cache", self.hook_options)
+        out, cache = run(self, "run_with_cache", ids, record, fwd_hooks, **options)
+        if cache is not None and hasattr(cache, "hook_names"):
+            cache.hook_names = self.hook_names()  # so a misspelt key gets the nearest names
+        return out, cache
 
-    def run_with_hooks(self, ids, fwd_hooks=()):
+    def run_with_hooks(self, ids, fwd_hooks=(), **options):
         """Logits of a forward pass whose activations the hooks may change.
 
         fwd_hooks: pairs (name, fn), name a hook name or a predicate name ->
-        bool.  ``fn(activation, name)`` gets the activation as a NumPy array
-        and returns None (keep it; the logits stay bitwise those of forward())
-        or a replacement of the same shape.  Several hooks on one point run in
-        order.  With 2-D ids each sequence runs on its own, and the hooks are
-        called once per sequence with its activations (no batch axis).
+        bool.  ``fn(activation, name)`` gets the activation of one sequence
+        (no batch axis; with 2-D ids it is called once per sequence);
+        TransformerLens's ``fn(activation, hook)`` (a parameter named hook)
+        gets the whole batch [B, ...] and the HookPoint.  Either returns None
+        (keep it; the logits stay bitwise those of forward()) or a
+        replacement of the same shape.  Several hooks on one point run in
+        order, after those added with add_hook().  options as for
+        run_with_cache (return_type="loss" gives the next-token loss).
         """
-        from .hooks import HookPoints
+        from .tl.api import run
 
-        return self._run_hooked("run_with_hooks", ids, HookPoints(self.config, (), fwd_hooks))[0]
-
-    def _run_hooked(self, fn, ids, hooks):
-        backend = self.backend
-        if not getattr(backend, "supports_hooks", False):
-            raise ValueError(f"{fn}: the {backend.name!r} backend has no hook points; "
-                             "load the model with backend='cython'")
-        batch, batched = _checks.check_ids(ids, self.config, fn)
-        logits = np.empty((*batch.shape, self.config.vocab_size), dtype=np.float32)
-        caches = []
-        for b, seq in enumerate(batch):
-            hp = hooks.fresh()
-            logits[b] = backend.run(seq, backend.new_cache(len(seq)), hooks=hp)
-            caches.append(hp.cache)
-        return (logits if batched else logits[0]), caches, batched
+        reset = options.pop("reset_hooks_end", True)
+        options.pop("clear_contexts", None)
+        if not reset:
+            for name, fn in fwd_hooks:
+                self.add_hook(name, fn)
+            fwd_hooks = ()
+        return run(self, "run_with_hooks", ids, None, fwd_hooks, **options)[0]
 
     # -- text -------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import cyformer
@@ -77,8 +78,9 @@ def test_cli_truncate(model):
 def test_forward_with_text_says_encode(model):
     with pytest.raises(ValueError, match=r"forward takes token ids: use model\.encode\(text\)"):
         model.forward("x = 1")
-    with pytest.raises(ValueError, match=r"run_with_cache takes token ids"):
-        model.run_with_cache("x = 1")
+    # run_with_cache takes text as TransformerLens's does (tokenized with bos)
+    logits, _ = model.run_with_cache("x = 1", names=["hook_embed"])
+    assert logits.shape[-2] == np.asarray(model.to_tokens("x = 1")).shape[-1]
 
 
 def test_part_indices_name_the_range(model):

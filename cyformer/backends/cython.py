@@ -209,6 +209,12 @@ class CythonBackend:
         return linalg.linear_forward(x, self.weights.lm_head, None, out=out, w_transposed=True,
                                      threads=threads, workspace=ws)
 
+    def run_hooked_batch(self, batch, hooks):
+        """Logits [T, V] of each sequence of ids [B, T] from position 0 through
+        the hook points, the sequences in step so that hooks see the batch."""
+        from .hooked import forward
+        return hooks.run([forward(self, seq, self.new_cache(len(seq)), False, hooks) for seq in batch])
+
     def run(self, ids, kv: KVCache, last_only=False, hooks=None):
         """Feed token ids [T] (already validated) after the kv.length cached
         positions; returns logits [T, V] (or [1, V] with last_only).
