@@ -180,6 +180,10 @@ class Generation:
         """Run to the end and return GeneratedText or GeneratedIds."""
         for _ in self:
             pass
+        return self.output()
+
+    def output(self):
+        """The finished generation as GeneratedText or GeneratedIds."""
         if self.text_mode:
             out = GeneratedText(self.text)
             out.token_ids = list(self.tokens)
