@@ -94,13 +94,14 @@ class Generation:
 
     def __init__(self, model, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT,
                  top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None,
-                 *, logprobs=False, top_logprobs=0, add_special_tokens=True, end_ids=()):
+                 *, logprobs=False, top_logprobs=0, add_special_tokens=True, end_ids=(), text=None):
         # add_special_tokens: encode a str prompt as transformers does (bos where
-        # the tokenizer adds one); end_ids: more ids that end it as eos does.
+        # the tokenizer adds one); end_ids: more ids that end it as eos does;
+        # text: hand out text (default: for a str prompt only).
         cfg = model.config
         self.model = model
-        self.text_mode = isinstance(prompt, str)
-        if self.text_mode:
+        self.text_mode = isinstance(prompt, str) if text is None else bool(text)
+        if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
             prompt_ids = model.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
