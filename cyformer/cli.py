@@ -183,7 +183,14 @@ def cmd_serve(args):
     print(f"[cyformer] serving {name!r} on http://{args.host}:{args.port}/v1 "
           f"(batch {args.max_batch}, queue {args.max_queue}, prefix cache {args.prefix_cache_mb:g} MB"
           f"{', API key required' if api_key else ''})", file=sys.stderr)
+    import signal
+
+    # uvicorn stops gracefully on SIGTERM, then raises the signal again under
+    # the handler that was there before it; a handler that ignores it lets
+    # the process exit 0 after a clean stop.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     serve.uvicorn_server(app, args.host, args.port, grace=args.grace).run()
+    print("[cyformer] stopped", file=sys.stderr)
     return 0
 
 
