@@ -234,7 +234,8 @@ def check_messages(messages):
 
 
 def chat_generation(model, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT,
-                    top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, template_vars=None):
+                    top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, template_vars=None,
+                    logprobs=False, top_logprobs=0):
     """The Generation of the assistant's next turn (Model.chat and chat_stream)."""
     tokenizer = model.tokenizer
     if not tokenizer.available:
@@ -249,4 +250,5 @@ def chat_generation(model, messages, max_new_tokens=256, temperature=DEFAULT, to
     if eos is not None and tokenizer.token_to_id(eos) is not None:
         end_ids.add(tokenizer.token_to_id(eos))
     return Generation(model, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
-                      stop, seed, add_special_tokens=False, end_ids=end_ids)
+                      stop, seed, logprobs=logprobs, top_logprobs=top_logprobs,
+                      add_special_tokens=False, end_ids=end_ids)

@@ -5,6 +5,7 @@
     cyformer info                       config, size and build of a model
     cyformer inspect "def f(x):" --png attn.png    look inside one forward pass
     cyformer score|generate-corpus|collect CORPUS --out DIR    run over a corpus (cyformer.jobs)
+    cyformer serve --model M            an OpenAI-compatible HTTP server on 127.0.0.1
 
 Standard output carries only text, so it pipes cleanly; statistics and errors
 go to standard error.  Errors print one line and exit non-zero.
@@ -153,7 +154,69 @@ def build_parser():
 
     from .jobs.cli import add_commands  # score, generate-corpus, collect
     add_commands(sub, _model_args, _positive_int, _nonneg_int)
+    _serve_args(sub)
     return parser
+
+
+def _serve_args(sub):
+    from .engine import MAX_BATCH, MAX_QUEUE, PREFILL_CHUNK
+    from .prefix_cache import DEFAULT_MB
+
+    s = sub.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Serve /v1/models, /v1/completions and /v1/chat/completions (OpenAI's API, "
+                    "streaming as Server-Sent Events), /health and /metrics (Prometheus).  Requests "
+                    "run together in one batch (continuous batching); prompts that start like an "
+                    "earlier one reuse its keys and values (the prefix cache).  SIGTERM or Ctrl-C "
+                    "stops taking requests, lets running ones finish for --grace seconds, and exits 0.  "
+                    "Needs pip install 'cyformer[serve]'.",
+        epilog="Example: cyformer serve --model HuggingFaceTB/SmolLM2-135M-Instruct --port 8000;  "
+               "curl http://127.0.0.1:8000/v1/models")
+    _model_args(s)
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    s.add_argument("--port", type=_nonneg_int, default=8000, help="TCP port (default: 8000)")
+    s.add_argument("--model-name", default=None, metavar="NAME",
+                   help="the model's name in the API (default: the model directory's name)")
+    s.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/ routes (default: the "
+                        "CYFORMER_API_KEY environment variable; unset: no key)")
+    s.add_argument("--max-batch", type=_positive_int, default=MAX_BATCH, metavar="B",
+                   help=f"sequences decoded together (default: {MAX_BATCH})")
+    s.add_argument("--max-queue", type=_positive_int, default=MAX_QUEUE, metavar="Q",
+                   help=f"requests waiting for a slot before the server answers 503 (default: {MAX_QUEUE})")
+    s.add_argument("--prefill-chunk", type=_positive_int, default=PREFILL_CHUNK, metavar="T",
+                   help=f"prompt tokens prefilled per step, so long prompts do not stall "
+                        f"running replies (default: {PREFILL_CHUNK})")
+    s.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_MB, metavar="MB",
+                   help=f"memory for cached prompt keys/values; 0 turns the cache off (default: {DEFAULT_MB})")
+    s.add_argument("--grace", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM, seconds running requests get to finish (default: 30)")
+
+
+def cmd_serve(args):
+    from . import serve
+
+    if args.prefix_cache_mb < 0:
+        raise ValueError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    model = _load(args)
+    api_key = args.api_key if args.api_key is not None else os.environ.get(serve.API_KEY_ENV) or None
+    app = serve.create_app(model, model_name=args.model_name, api_key=api_key, grace=args.grace,
+                           max_batch=args.max_batch, max_queue=args.max_queue,
+                           prefill_chunk=args.prefill_chunk, prefix_cache_mb=args.prefix_cache_mb)
+    name = app.state.cyformer.model_name
+    print(f"[cyformer] serving {name!r} on http://{args.host}:{args.port}/v1 "
+          f"(batch {args.max_batch}, queue {args.max_queue}, prefix cache {args.prefix_cache_mb:g} MB"
+          f"{', API key required' if api_key else ''})", file=sys.stderr)
+    import signal
+
+    # uvicorn stops gracefully on SIGTERM, then raises the signal again under
+    # the handler that was there before it; a handler that ignores it lets
+    # the process exit 0 after a clean stop.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    serve.uvicorn_server(app, args.host, args.port, grace=args.grace).run()
+    print("[cyformer] stopped", file=sys.stderr)
+    return 0
 
 
 def _sampling_args(p):
@@ -295,6 +358,8 @@ def cmd_chat(args):
 def cmd_info(args):
     import cyformer
 
+    from .prefix_cache import DEFAULT_MB
+
     model = _load(args)
     cfg = model.config
     info = {
@@ -308,6 +373,8 @@ def cmd_info(args):
                           if f.endswith(".safetensors")),
         "dtype": model.dtype,
         "tokenizer": model.tokenizer.available,
+        "prefix_cache_mb": DEFAULT_MB,  # cyformer serve's default (--prefix-cache-mb)
+        "kv_bytes_per_position": 2 * cfg.n_layer * cfg.n_kv_head * cfg.d_head * 4,
         "build": cyformer.build_info(),
     }
     if args.json:
@@ -319,6 +386,9 @@ def cmd_info(args):
     print(f"geometry    {cfg.n_layer} layers, d_model {cfg.n_embd}, {cfg.n_head} heads of {cfg.d_head}, "
           f"d_mlp {cfg.d_mlp}, vocab {cfg.vocab_size}, context {cfg.n_positions}, {cfg.activation_function}")
     print(f"tokenizer   {'yes' if info['tokenizer'] else 'none (token ids only)'}")
+    per = info["kv_bytes_per_position"]
+    print(f"kv cache    {per / 1024:.1f} KB per position; serve's prefix cache {DEFAULT_MB} MB "
+          f"(--prefix-cache-mb) holds {DEFAULT_MB * 2**20 // per:,} positions")
     print("config      " + json.dumps(info["config"]))
     b = info["build"]
     print(f"build       cyformer {b['version']}, kernels {b['isa']} {' '.join(b['isa_flags'])} "
@@ -407,7 +477,7 @@ def main(argv=None):
             from .jobs.cli import main as jobs_main
             return jobs_main(args)
         return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info,
-                "inspect": cmd_inspect, "quantize": cmd_quantize}[args.command](args)
+                "inspect": cmd_inspect, "quantize": cmd_quantize, "serve": cmd_serve}[args.command](args)
     except (CyformerError, ValueError, OSError) as e:
         if isinstance(e, BrokenPipeError):
             # The reader went away (e.g. `| head`): not an error of ours.  Point

@@ -11,6 +11,7 @@ along the position axis: the decode's own activations, not a re-run.
 
 import numbers
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,22 +26,38 @@ STOP = "stop"        # a stop string (or stop token id) appeared
 CONTEXT = "context"  # the context window (n_positions) is full
 
 
+CANCELLED = "cancelled"  # the caller cancelled it (engine streams only)
+
+
+class TokenLogprob(NamedTuple):
+    """A generated token's log-probability and the ``top`` most likely
+    tokens at its position as (id, logprob) pairs, most likely first."""
+
+    token: int
+    logprob: float
+    top: list
+
+
 class GeneratedText(str):
-    """The generated text; also carries ``token_ids``, ``finish_reason``, ``stats``
-    and ``cache`` (activations asked for with cache_names, else None)."""
+    """The generated text; also carries ``token_ids``, ``finish_reason``, ``stats``,
+    ``cache`` (activations asked for with cache_names, else None) and
+    ``logprobs`` (a TokenLogprob per token when asked for, else None)."""
 
     token_ids: list
     finish_reason: str
     stats: dict
     cache: dict
+    logprobs: list
 
 
 class GeneratedIds(list):
-    """The generated token ids; also carries ``finish_reason``, ``stats`` and ``cache``."""
+    """The generated token ids; also carries ``finish_reason``, ``stats``, ``cache``
+    and ``logprobs``."""
 
     finish_reason: str
     stats: dict
     cache: dict
+    logprobs: list
 
 
 def _check_stop(stop, has_text):
@@ -77,14 +94,16 @@ class Generation:
 
     def __init__(self, model, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT,
                  top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None,
-                 *, add_special_tokens=True, end_ids=(), truncate=False):
+                 *, logprobs=False, top_logprobs=0, add_special_tokens=True, end_ids=(), text=None,
+                 truncate=False):
         # add_special_tokens: encode a str prompt as transformers does (bos where
         # the tokenizer adds one); end_ids: more ids that end it as eos does;
-        # truncate: keep the end of a prompt too long for the context.
+        # text: hand out text (default: for a str prompt only); truncate: keep
+        # the end of a prompt too long for the context.
         cfg = model.config
         self.model = model
-        self.text_mode = isinstance(prompt, str)
-        if self.text_mode:
+        self.text_mode = isinstance(prompt, str) if text is None else bool(text)
+        if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
             prompt_ids = model.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
@@ -110,8 +129,16 @@ class Generation:
         self.eos_ids = model.generation_config.eos_ids(cfg) | frozenset(end_ids)
         has_text = self.text_mode or model.tokenizer.available
         self.stop_strings, self.stop_ids = _check_stop(stop, has_text)
+        if not isinstance(logprobs, (bool, np.bool_)):
+            raise ValueError(f"logprobs must be True or False, got {logprobs!r}")
+        self.top_logprobs = _checks.integer("generate", "top_logprobs", top_logprobs)
+        if not 0 <= self.top_logprobs <= cfg.vocab_size:
+            raise ValueError(f"top_logprobs must be in [0, {cfg.vocab_size}], got {top_logprobs}")
+        if self.top_logprobs and not logprobs:
+            raise ValueError("top_logprobs needs logprobs=True")
         self.prompt_ids = ids
         self.tokens = []
+        self.logprobs = [] if logprobs else None  # a TokenLogprob per generated token
         self.finish_reason = None
         self.stats = {}
         self.hooks = None  # HookPoints recording cache_names, when asked
@@ -135,12 +162,7 @@ class Generation:
 
     def __iter__(self):
         model, cfg = self.model, self.model.config
-        sampler = Sampler(self.params)
-        context = list(self.prompt_ids)
-        decoder = model.tokenizer.stream() if (self.text_mode or self.stop_strings) else None
-        text, emitted = "", 0  # generated text so far, and how much of it was yielded
-        hold = max((len(s) for s in self.stop_strings), default=1) - 1
-        t0 = time.perf_counter()
+        decoding = Decoding(self)
         # Owned by this generation, and only as large as it can get: the
         # last new token is never fed back, so prompt + max_new_tokens
         # positions always suffice.  (A cache for the whole context is 75 MB
@@ -149,63 +171,16 @@ class Generation:
         kv = model.backend.new_cache(min(cfg.n_positions, len(self.prompt_ids) + self.max_new_tokens))
         steps = []  # per-run activation caches, with cache_names
         logits = self._run(self.prompt_ids, kv, steps)
-        t_first = None  # when the first new token was chosen
-        reason = LENGTH
-        while len(self.tokens) < self.max_new_tokens:
-            tok = sampler(logits, context)
-            if t_first is None:
-                t_first = time.perf_counter()
-            if tok in self.eos_ids:
-                reason = EOS
+        while True:
+            yield from decoding.push(logits)
+            if decoding.next_token is None:
                 break
-            if tok in self.stop_ids:
-                reason = STOP
-                break
-            self.tokens.append(tok)
-            context.append(tok)
-            piece = ""
-            if decoder is not None:
-                text += decoder.push(tok)
-                cut = min((i for i in (text.find(s) for s in self.stop_strings) if i >= 0), default=-1)
-                if cut >= 0:
-                    text = text[:cut]
-                    reason = STOP
-                    yield tok, text[emitted:]
-                    emitted = len(text)
-                    break
-                # keep back a tail that could still grow into a stop string
-                safe = len(text) - hold if self.stop_strings else len(text)
-                piece, emitted = text[emitted:max(safe, emitted)], max(safe, emitted)
-            yield tok, piece
-            if kv.length >= cfg.n_positions:
-                reason = CONTEXT if len(self.tokens) < self.max_new_tokens else LENGTH
-                break
-            if len(self.tokens) >= self.max_new_tokens:
-                break
-            logits = self._run(np.array([tok], dtype=np.int64), kv, steps)
-        if decoder is not None and reason != STOP:
-            text += decoder.flush()
-            if emitted < len(text):
-                yield None, text[emitted:]
-                emitted = len(text)
-        self.text = text
-        self.finish_reason = reason
-        t_end = time.perf_counter()
-        if t_first is None:
-            t_first = t_end
-        n = len(self.tokens)
-        self.stats = {
-            "prompt_tokens": int(self.prompt_ids.size),
-            "truncated_tokens": self.truncated_tokens,
-            "new_tokens": n,
-            "time_to_first_token_s": t_first - t0,
-            "total_s": t_end - t0,
-            "decode_tokens_per_s": (n - 1) / (t_end - t_first) if n > 1 and t_end > t_first else None,
-            "finish_reason": reason,
-        }
+            logits = self._run(np.array([decoding.next_token], dtype=np.int64), kv, steps)
+        yield from decoding.finish()
         if self.hooks is not None:
             # The last token was sampled but never fed; feed it so that its
             # position has activations too (when the context has room).
+            n = len(self.tokens)
             if self.tokens and kv.length < self.prompt_ids.size + n and kv.length < cfg.n_positions:
                 self._run(np.array(self.tokens[-1:], dtype=np.int64), kv, steps)
             from .hooks import concat_steps
@@ -215,6 +190,10 @@ class Generation:
         """Run to the end and return GeneratedText or GeneratedIds."""
         for _ in self:
             pass
+        return self.output()
+
+    def output(self):
+        """The finished generation as GeneratedText or GeneratedIds."""
         if self.text_mode:
             out = GeneratedText(self.text)
             out.token_ids = list(self.tokens)
@@ -223,6 +202,112 @@ class Generation:
         out.finish_reason = self.finish_reason
         out.stats = self.stats
         out.cache = self.cache
+        out.logprobs = self.logprobs
+        return out
+
+
+class Decoding:
+    """The per-token decisions of one generation, apart from running the model.
+
+    ``push(logits)`` takes the logits of the last fed position, samples the
+    next token, applies eos, stop ids, stop strings, the context and
+    max_new_tokens, and returns the (token_id, text_piece) pairs to hand out;
+    ``next_token`` is then the token to feed next, or None when the
+    generation has ended.  ``finish()`` returns the last text held back and
+    fills the Generation's text, finish_reason and stats.  Generation feeds
+    it one sequence's logits; the engine feeds it rows of a batched step, so
+    both make the same choices.  Text pieces are '' while a multi-byte
+    character is incomplete or while text might be the start of a stop string.
+    """
+
+    def __init__(self, generation: Generation):
+        g = self.g = generation
+        self.sampler = Sampler(g.params)
+        self.context = list(g.prompt_ids)
+        self.decoder = g.model.tokenizer.stream() if (g.text_mode or g.stop_strings) else None
+        self.text, self.emitted = "", 0  # generated text so far, and how much of it was handed out
+        self.hold = max((len(s) for s in g.stop_strings), default=1) - 1
+        self.next_token = None
+        self.reason = None
+        self.t0 = time.perf_counter()
+        self.t_first = None  # when the first new token was chosen
+
+    def _logprob(self, logits, tok):
+        lp = self.sampler.logprobs(logits, self.context)
+        k = self.g.top_logprobs
+        top = []
+        if k:
+            best = np.argpartition(-lp, k - 1)[:k] if k < lp.size else np.arange(lp.size)
+            best = best[np.lexsort((best, -lp[best]))]  # most likely first, ties by id
+            top = [(int(i), float(lp[i])) for i in best]
+        return TokenLogprob(int(tok), float(lp[tok]), top)
+
+    def push(self, logits):
+        g = self.g
+        self.next_token = None
+        if len(g.tokens) >= g.max_new_tokens:
+            self.reason = LENGTH
+            return []
+        tok = self.sampler(logits, self.context)
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+        if tok in g.eos_ids:
+            self.reason = EOS
+            return []
+        if tok in g.stop_ids:
+            self.reason = STOP
+            return []
+        if g.logprobs is not None:
+            g.logprobs.append(self._logprob(logits, tok))
+        g.tokens.append(tok)
+        self.context.append(tok)
+        piece = ""
+        if self.decoder is not None:
+            self.text += self.decoder.push(tok)
+            text = self.text
+            cut = min((i for i in (text.find(s) for s in g.stop_strings) if i >= 0), default=-1)
+            if cut >= 0:
+                self.text = text[:cut]
+                self.reason = STOP
+                piece, self.emitted = self.text[self.emitted:], len(self.text)
+                return [(tok, piece)]
+            # keep back a tail that could still grow into a stop string
+            safe = len(text) - self.hold if g.stop_strings else len(text)
+            piece, self.emitted = text[self.emitted:max(safe, self.emitted)], max(safe, self.emitted)
+        # positions filled once this token is fed: prompt + every token but this one
+        if g.prompt_ids.size + len(g.tokens) - 1 >= g.model.config.n_positions:
+            self.reason = CONTEXT if len(g.tokens) < g.max_new_tokens else LENGTH
+        elif len(g.tokens) >= g.max_new_tokens:
+            self.reason = LENGTH
+        else:
+            self.next_token = tok
+        return [(tok, piece)]
+
+    def finish(self, reason=None):
+        """The text still held back, as (None, piece) pairs; reason: why it
+        ended when push() did not say (CANCELLED)."""
+        g = self.g
+        self.reason = reason or self.reason or LENGTH
+        out = []
+        if self.decoder is not None and self.reason != STOP:
+            self.text += self.decoder.flush()
+            if self.emitted < len(self.text):
+                out.append((None, self.text[self.emitted:]))
+                self.emitted = len(self.text)
+        g.text = self.text
+        g.finish_reason = self.reason
+        t_end = time.perf_counter()
+        t_first = self.t_first if self.t_first is not None else t_end
+        n = len(g.tokens)
+        g.stats = {
+            "prompt_tokens": int(g.prompt_ids.size),
+            "truncated_tokens": g.truncated_tokens,
+            "new_tokens": n,
+            "time_to_first_token_s": t_first - self.t0,
+            "total_s": t_end - self.t0,
+            "decode_tokens_per_s": (n - 1) / (t_end - t_first) if n > 1 and t_end > t_first else None,
+            "finish_reason": self.reason,
+        }
         return out
 
 

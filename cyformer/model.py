@@ -190,7 +190,8 @@ class Model(LensAPI):
     # -- generation -------------------------------------------------------
 
     def generate(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
-                 repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None, truncate=False):
+                 repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None, logprobs=False,
+                 top_logprobs=0, truncate=False):
         """Continue ``prompt`` (a str, or a sequence of token ids).
 
         Returns the new text (a str with ``.token_ids``, ``.finish_reason`` and
@@ -210,6 +211,19 @@ class Model(LensAPI):
         new tokens would not fit; ``.stats["truncated_tokens"]`` counts the
         dropped ones.  Only the continuation is returned, never the prompt.
 
+        Several prompts (a list of str or of id lists, a 2-D id array) run
+        together through the batched engine (cyformer.engine) and give a list
+        of results, each equal to generating from that prompt alone.
+        max_new_tokens, temperature, top_k, top_p, repetition_penalty and seed
+        may then be lists with one value per prompt, and a prompt may be a
+        dict {"prompt": ..., "stop": ..., any other argument} of its own.
+
+        logprobs=True gives the result ``.logprobs``: per generated token a
+        TokenLogprob (token, logprob, top), where top holds the
+        ``top_logprobs`` most likely tokens as (id, logprob) pairs; log
+        probabilities of the distribution after the repetition penalty and
+        the temperature (1 when greedy), before top-k/top-p, as OpenAI gives them.
+
         cache_names (a list of hook names or a predicate, as run_with_cache's
         names) also records those activations for every position of the
         prompt and of each generated token, from the cached decode itself;
@@ -219,8 +233,36 @@ class Model(LensAPI):
         last generated token is fed once more to fill its position, unless the
         context is full.  Without cache_names ``.cache`` is None.
         """
-        return Generation(self, prompt, max_new_tokens, temperature, top_k, top_p,
-                          repetition_penalty, stop, seed, cache_names, truncate=truncate).result()
+        from .engine import batch_generations, is_batch, run_batch
+
+        if is_batch(prompt):
+            if cache_names is not None:
+                raise ValueError("generate: cache_names takes one prompt, not a list of them")
+            return run_batch(self, batch_generations(
+                self, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                top_p=top_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
+                logprobs=logprobs, top_logprobs=top_logprobs, truncate=truncate))
+        return Generation(self, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
+                          stop, seed, cache_names, logprobs=logprobs, top_logprobs=top_logprobs,
+                          truncate=truncate).result()
+
+    def score(self, text):
+        """Per-token log-likelihoods of a given text (a str, encoded as a
+        prompt, or token ids [T]): float64 [T - 1], entry i the log-probability
+        of token i + 1 after tokens 0..i (log_softmax in float64).  The first
+        token has no prediction; ``model.encode`` shows the ids of a str."""
+        ids = self.tokenizer.encode(text, add_special_tokens=True) if isinstance(text, str) else text
+        ids = _checks.token_ids("score", "text", ids, self.config.vocab_size, ndim=1)
+        if ids.size == 0:
+            raise ValueError("score: the text holds no tokens")
+        from .sampling import log_softmax
+
+        logits = self.forward(ids)
+        out = np.empty(ids.size - 1, dtype=np.float64)
+        for t0 in range(0, ids.size - 1, 64):  # float64 rows in blocks: [T, V] of them can be GBs
+            t1 = min(t0 + 64, ids.size - 1)
+            out[t0:t1] = log_softmax(logits[t0:t1])[np.arange(t1 - t0), ids[t0 + 1:t1 + 1]]
+        return out
 
     def stream(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
                repetition_penalty=DEFAULT, stop=None, seed=None, truncate=False):

@@ -46,13 +46,20 @@ class SamplingParams:
             raise ValueError(f"seed must be a non-negative integer (or None), got {s!r}")
 
 
+def log_softmax(x):
+    """float64 log_softmax over the last axis."""
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+
+
 class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
-    def __call__(self, logits, context_ids):
-        """logits [V] float32 for the next position; context_ids: the tokens so far."""
+    def penalised(self, logits, context_ids):
+        """logits [V] -> float64 [V] after the repetition penalty."""
         p = self.params
         x = np.asarray(logits, dtype=np.float64)
         if p.repetition_penalty is not None and p.repetition_penalty != 1.0 and len(context_ids):
@@ -60,6 +67,21 @@ class Sampler:
             v = x[seen]
             x = x.copy()
             x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+        return x
+
+    def logprobs(self, logits, context_ids):
+        """float64 [V] log-probabilities of the next token as OpenAI reports
+        them: log_softmax of the logits after the repetition penalty and the
+        temperature (1 when greedy), before top-k and top-p filtering."""
+        x = self.penalised(logits, context_ids)
+        if self.params.temperature > 0:
+            x = x / self.params.temperature
+        return log_softmax(x)
+
+    def __call__(self, logits, context_ids):
+        """logits [V] float32 for the next position; context_ids: the tokens so far."""
+        p = self.params
+        x = self.penalised(logits, context_ids)
         if p.temperature == 0.0:
             return int(np.argmax(x))
         x = x / p.temperature

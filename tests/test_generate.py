@@ -173,9 +173,11 @@ def test_bad_prompts(checkpoint):
     path, _ = checkpoint("odd")
     m = cyformer.load(path)
     for bad, match in [([], "at least one"), ([500], "500"), (list(range(41)), "n_positions"),
-                       ([[1, 2]], "1-D")]:
+                       (np.ones((1, 1, 2), dtype=np.int64), "1-D")]:
         with pytest.raises(ValueError, match=match):
             m.generate(bad)
+    # a list of id lists is several prompts (cyformer.engine), one result each
+    assert m.generate([[1, 2]], max_new_tokens=3) == [m.generate([1, 2], max_new_tokens=3)]
 
 
 def test_generations_do_not_share_state(checkpoint):

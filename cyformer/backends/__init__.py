@@ -8,7 +8,8 @@ Each backend has ``name``, ``new_cache(capacity, reuse=False)`` returning a
 cache with a ``length`` attribute (reuse=True: the caller drops it after one
 ``run``, so a backend may hand out the same memory again), and ``run(ids, cache, last_only=False)`` returning
 float32 logits [T, V] (or [1, V]) for ids [T] placed after ``cache.length``
-earlier positions.
+earlier positions, and ``step_batch(tokens, caches)`` returning logits
+[B, V] for one new token in each of B caches (the engine's decode step).
 """
 
 import importlib

@@ -174,6 +174,12 @@ class CythonBackend:
 
     name = "cython"
     supports_hooks = True  # run(..., hooks=) takes the hooked path
+    # A run of this many positions or more takes the GEMM path, whose rows do
+    # not depend on how many there are (linalg's MATVEC_ROWS); fewer take the
+    # matrix-vector path, whose sums differ in the last bits.  A prefill cut
+    # into pieces of at least this many positions is therefore bitwise one
+    # prefill (engine.py chunks prompts and reuses cached keys this way).
+    exact_chunk = 4
 
     def __init__(self, cfg: Config, weights: Weights, threads: int):
         self.config = cfg
@@ -198,6 +204,19 @@ class CythonBackend:
         if reuse:
             return KVCache(self.config, capacity, alloc=self.workspace().array)
         return KVCache(self.config, capacity)
+
+    def step_batch(self, tokens, caches):
+        """One decode step for B sequences: tokens [B] (one new id each),
+        caches B KVCaches, each at its own ``length`` and advanced by one.
+        Returns logits [B, V], bitwise those of stepping each sequence alone:
+        the fused step's batched form (DecodeStep.batch) reads each weight
+        block once for all B rows."""
+        caches = list(caches)
+        logits = self.step.batch(tokens, [kv.k for kv in caches], [kv.v for kv in caches],
+                                 [kv.length for kv in caches], self.threads)
+        for kv in caches:
+            kv.length += 1
+        return logits
 
     def embed(self, ids, past, threads, out=None):
         """ids [T] -> resid [T, C] = wte[ids] (+ wpe[past : past + T])."""

@@ -215,6 +215,11 @@ class NumpyBackend:
         """reuse: part of the shared interface; a new cache every time here."""
         return NumpyCache(self.config, capacity)
 
+    def step_batch(self, tokens, caches):
+        """One decode step for B sequences: tokens [B], caches B caches, each
+        advanced by one; returns logits [B, V] (a loop of run)."""
+        return np.concatenate([self.run(np.array([t], dtype=np.int64), kv) for t, kv in zip(tokens, caches)])
+
     def run(self, ids, kv: NumpyCache, last_only=False):
         """Feed token ids [T] after the kv.length cached positions; returns
         float32 logits [T, V] (or [1, V] with last_only)."""

@@ -1,0 +1,496 @@
+"""Many generations at once: continuous batching over one model.
+
+Decode reads every weight for each token, so sequences that decode together
+can share that read: each step of the scheduler feeds one new token of every
+active sequence through ``backend.step_batch`` (B tokens, B caches, each at
+its own position).  Requests join between steps and leave as soon as they
+end, so a short reply never waits for a long one.
+
+A new sequence's prompt is prefilled in pieces of at most ``prefill_chunk``
+positions per step, so a long prompt delays the others' next token by one
+piece, not by the whole prompt.  Pieces are never shorter than the backend's
+``exact_chunk``: such pieces are bitwise one prefill, so a sequence's logits,
+and with them its tokens, are those of ``Model.generate`` on the prompt alone.
+With a PrefixCache, a prompt that starts like an earlier one copies those
+keys and values and prefills only the rest.
+
+Every sampling choice is made by a per-request ``Decoding`` (generate.py)
+with its own seeded generator, so batching changes no result.
+
+    engine = Engine(model)
+    stream = engine.generate("def fib(n):", max_new_tokens=32)
+    for event in stream:            # Event(token, text, logprob)
+        print(event.text, end="")
+    engine.close()
+
+``Model.generate([p1, p2, ...])`` runs the same Scheduler in the calling
+thread.  Engine runs it in one background thread and takes requests from any
+thread.
+"""
+
+import queue
+import threading
+from collections import deque
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from . import _checks
+from .errors import CyformerError
+from .generate import CANCELLED, Decoding, Generation, TokenLogprob
+from .kv_cache import KVCache
+from .model_files import DEFAULT
+from .prefix_cache import DEFAULT_MB, PrefixCache
+
+MAX_BATCH = 16        # sequences decoded together
+MAX_QUEUE = 64        # requests waiting for a slot before submit() refuses more
+PREFILL_CHUNK = 256   # prompt positions prefilled per step, over all new sequences
+
+
+class EngineBusy(CyformerError):
+    """The engine's queue is full: try again later."""
+
+
+class EngineClosed(CyformerError):
+    """The engine is shutting down and takes no new requests."""
+
+
+class Event(NamedTuple):
+    """One step of a stream: a generated token (None for text held back until
+    the end), its text piece ('' while held back) and its TokenLogprob (None
+    unless logprobs were asked for)."""
+
+    token: Optional[int]
+    text: str
+    logprob: Optional[TokenLogprob]
+
+
+_END = object()
+
+
+class EngineStream:
+    """One request's events, handed over from the scheduler's thread.
+
+    Iterate it for Events (it ends when the generation does), or call
+    ``result()`` for the whole GeneratedText / GeneratedIds.  ``cancel()``
+    ends the generation at the scheduler's next step and frees its slot
+    and cache.  With ``sink``, events go to ``sink(event)`` instead (in the
+    scheduler's thread; ``sink(None)`` at the end) and the stream is not
+    iterated: the server bridges them into its event loop this way.
+    """
+
+    def __init__(self, generation: Generation, sink=None):
+        self.generation = generation
+        self.decoding = Decoding(generation)
+        self._sink = sink
+        self._events = queue.SimpleQueue() if sink is None else None
+        self._cancel = threading.Event()
+        self._done = threading.Event()
+        self.error = None  # the exception that ended it, if one did
+
+    # -- the scheduler's side --
+
+    def _emit(self, pairs):
+        logprobs = self.generation.logprobs
+        for tok, piece in pairs:
+            lp = logprobs[-1] if (logprobs and tok is not None) else None
+            event = Event(tok, piece, lp)
+            if self._sink is not None:
+                self._sink(event)
+            else:
+                self._events.put(event)
+
+    def _close(self, error=None):
+        self.error = error
+        self._done.set()
+        if self._sink is not None:
+            self._sink(None)
+        else:
+            self._events.put(_END)
+
+    # -- the caller's side --
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._events is None:
+            raise TypeError("this stream delivers its events to a sink")
+        item = self._events.get()
+        if item is _END:
+            self._events.put(_END)  # later calls end too
+            if self.error is not None:
+                raise self.error
+            raise StopIteration
+        return item
+
+    def cancel(self):
+        """Stop generating; the scheduler frees the slot at its next step."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self):
+        return self._cancel.is_set()
+
+    def done(self):
+        return self._done.is_set()
+
+    def wait(self, timeout=None):
+        """Block until the generation has ended; False on timeout."""
+        return self._done.wait(timeout)
+
+    def result(self, timeout=None):
+        """The finished GeneratedText or GeneratedIds (blocks until then)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the generation did not finish within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        return self.generation.output()
+
+    @property
+    def finish_reason(self):
+        return self.generation.finish_reason
+
+    @property
+    def stats(self):
+        return self.generation.stats
+
+
+class _Sequence:
+    """A stream admitted to the batch: its cache and the prompt ids not yet prefilled."""
+
+    __slots__ = ("stream", "kv", "pending")
+
+    def __init__(self, stream, kv, pending):
+        self.stream, self.kv, self.pending = stream, kv, pending
+
+
+class Scheduler:
+    """Admits, prefills, steps and retires sequences; not thread-safe (Engine
+    drives it from one thread, Model.generate from the caller's)."""
+
+    def __init__(self, model, max_batch=MAX_BATCH, prefill_chunk=PREFILL_CHUNK, prefix_cache=None):
+        self.model = model
+        self.backend = model.backend
+        self.max_batch = _positive("max_batch", max_batch)
+        self.prefill_chunk = _positive("prefill_chunk", prefill_chunk)
+        # None: this backend's pieces are not bitwise one prefill; prefill whole.
+        self.exact = getattr(self.backend, "exact_chunk", None)
+        self.prefix_cache = prefix_cache if self.exact is not None else None
+        self.waiting = deque()
+        self.active = []
+        self.counts = {"steps": 0, "admitted": 0, "finished": 0, "cancelled": 0, "failed": 0,
+                       "prompt_tokens": 0, "prefilled_tokens": 0, "generated_tokens": 0,
+                       "batched_tokens": 0}
+
+    @property
+    def busy(self):
+        return bool(self.waiting or self.active)
+
+    def add(self, stream: EngineStream):
+        self.waiting.append(stream)
+
+    def cancel_all(self):
+        for stream in list(self.waiting) + [s.stream for s in self.active]:
+            stream.cancel()
+
+    def step(self):
+        """One round: drop cancelled requests, admit waiting ones, prefill a
+        piece of new prompts, and decode one token of every running sequence."""
+        self._drop_cancelled()
+        self._admit()
+        decoding = [s for s in self.active if s.pending.size == 0]
+        self._prefill()
+        self._decode(decoding)
+        self.counts["steps"] += 1
+
+    # -- the stages --
+
+    def _drop_cancelled(self):
+        for stream in [st for st in self.waiting if st.cancelled]:
+            self.waiting.remove(stream)
+            self._retire(stream, CANCELLED)
+        for seq in [s for s in self.active if s.stream.cancelled]:
+            self._finish(seq, CANCELLED)
+
+    def _admit(self):
+        cfg = self.model.config
+        while self.waiting and len(self.active) < self.max_batch:
+            stream = self.waiting.popleft()
+            g = stream.generation
+            try:
+                kv = self.backend.new_cache(min(cfg.n_positions, g.prompt_ids.size + g.max_new_tokens))
+                reused = 0
+                if self.prefix_cache is not None and isinstance(kv, KVCache):
+                    # leave at least one exact piece to prefill: its rows match a whole prefill
+                    reused = self.prefix_cache.lookup(g.prompt_ids, kv, keep=self.exact)
+            except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
+                self._retire(stream, error=e)
+                continue
+            self.active.append(_Sequence(stream, kv, g.prompt_ids[reused:]))
+            self.counts["admitted"] += 1
+            self.counts["prompt_tokens"] += int(g.prompt_ids.size)
+
+    def _piece(self, remaining, budget):
+        """How many of ``remaining`` prompt positions to prefill now."""
+        if self.exact is None or remaining <= budget:
+            return remaining
+        n = max(budget, self.exact)
+        return remaining if remaining - n < self.exact else n
+
+    def _prefill(self):
+        budget = self.prefill_chunk
+        for seq in [s for s in self.active if s.pending.size]:
+            if budget <= 0:
+                break
+            n = self._piece(seq.pending.size, budget)
+            budget -= n
+            piece, seq.pending = seq.pending[:n], seq.pending[n:]
+            try:
+                logits = self.backend.run(piece, seq.kv, last_only=True)[-1]
+                self.counts["prefilled_tokens"] += n
+                if seq.pending.size:
+                    continue
+                self._remember(seq)
+                self._push(seq, logits)
+            except Exception as e:  # noqa: BLE001
+                self._fail(seq, e)
+
+    def _remember(self, seq):
+        """Offer a prefilled prompt's keys and values to the prefix cache."""
+        ids = seq.stream.generation.prompt_ids
+        if self.prefix_cache is not None and isinstance(seq.kv, KVCache) and ids.size >= self.exact:
+            self.prefix_cache.store(ids, seq.kv)
+
+    def _decode(self, seqs):
+        seqs = [s for s in seqs if s in self.active and s.stream.decoding.next_token is not None]
+        if not seqs:
+            return
+        tokens = np.array([s.stream.decoding.next_token for s in seqs], dtype=np.int64)
+        try:
+            logits = self.backend.step_batch(tokens, [s.kv for s in seqs])
+        except Exception as e:  # noqa: BLE001
+            for s in seqs:
+                self._fail(s, e)
+            return
+        self.counts["batched_tokens"] += len(seqs)
+        for b, seq in enumerate(seqs):
+            try:
+                self._push(seq, logits[b])
+            except Exception as e:  # noqa: BLE001
+                self._fail(seq, e)
+
+    def _push(self, seq, logits):
+        """Hand the logits of a sequence's last position to its Decoding."""
+        stream = seq.stream
+        n0 = len(stream.generation.tokens)
+        stream._emit(stream.decoding.push(logits))
+        self.counts["generated_tokens"] += len(stream.generation.tokens) - n0
+        if stream.decoding.next_token is None:
+            self._finish(seq)
+
+    def _finish(self, seq, reason=None):
+        self.active.remove(seq)
+        seq.kv = None  # the cache's memory goes back now, not when the caller lets go
+        self._retire(seq.stream, reason)
+
+    def _fail(self, seq, error):
+        if seq in self.active:
+            self.active.remove(seq)
+        seq.kv = None
+        self._retire(seq.stream, error=error)
+
+    def _retire(self, stream, reason=None, error=None):
+        if error is not None:
+            self.counts["failed"] += 1
+            stream.decoding.finish("error")
+        else:
+            if reason == CANCELLED:
+                self.counts["cancelled"] += 1
+            else:
+                self.counts["finished"] += 1
+            stream._emit(stream.decoding.finish(reason))
+        stream._close(error)
+
+
+def _positive(name, value):
+    value = _checks.integer("Engine", name, value)
+    if value < 1:
+        raise ValueError(f"Engine: {name} must be >= 1, got {value}")
+    return value
+
+
+class Engine:
+    """Takes generation requests from any thread and runs them together.
+
+    max_batch: sequences decoded together; max_queue: requests waiting for
+    a slot before ``generate`` raises EngineBusy; prefill_chunk: prompt
+    positions prefilled per step; prefix_cache_mb: the prefix cache's memory
+    bound (0 turns it off; only the cython backend has one).  One scheduler
+    thread does all the model's work.  Use as a context manager, or call
+    ``close()``.
+    """
+
+    def __init__(self, model, *, max_batch=MAX_BATCH, max_queue=MAX_QUEUE, prefill_chunk=PREFILL_CHUNK,
+                 prefix_cache_mb=DEFAULT_MB):
+        self.model = model
+        self.max_queue = _positive("max_queue", max_queue)
+        self.prefix_cache = PrefixCache(prefix_cache_mb) if prefix_cache_mb else None
+        self.scheduler = Scheduler(model, max_batch, prefill_chunk, self.prefix_cache)
+        self._cond = threading.Condition()
+        self._incoming = []
+        self._closing = False
+        self._cancel_all = False
+        self._thread = threading.Thread(target=self._loop, name="cyformer-engine", daemon=True)
+        self._thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close(cancel=True)
+
+    # -- requests --
+
+    def generate(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
+                 repetition_penalty=DEFAULT, stop=None, seed=None, logprobs=False, top_logprobs=0,
+                 sink=None):
+        """Queue a generation (arguments as Model.generate); returns its EngineStream.
+        Raises ValueError for bad arguments, EngineBusy when the queue is full."""
+        g = Generation(self.model, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
+                       stop, seed, logprobs=logprobs, top_logprobs=top_logprobs)
+        return self.submit([g], sink)[0]
+
+    def chat(self, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
+             repetition_penalty=DEFAULT, stop=None, seed=None, logprobs=False, top_logprobs=0,
+             template_vars=None, sink=None):
+        """Queue the assistant's reply to ``messages`` (as Model.chat); returns its EngineStream."""
+        from .chat import chat_generation
+        g = chat_generation(self.model, messages, max_new_tokens, temperature, top_k, top_p,
+                            repetition_penalty, stop, seed, template_vars,
+                            logprobs=logprobs, top_logprobs=top_logprobs)
+        return self.submit([g], sink)[0]
+
+    def submit(self, generations, sink=None):
+        """Queue Generations (all or none); returns their EngineStreams.
+        sink: one callable for all of them, or one per generation."""
+        sinks = sink if isinstance(sink, (list, tuple)) else [sink] * len(generations)
+        streams = [EngineStream(g, s) for g, s in zip(generations, sinks)]
+        with self._cond:
+            if self._closing:
+                raise EngineClosed("the engine is shutting down")
+            if self.queue_depth + len(streams) > self.max_queue:
+                raise EngineBusy(f"the queue is full ({self.max_queue} requests waiting); try again later")
+            self._incoming.extend(streams)
+            self._cond.notify()
+        return streams
+
+    @property
+    def queue_depth(self):
+        """Requests waiting for a slot."""
+        return len(self._incoming) + len(self.scheduler.waiting)
+
+    @property
+    def active(self):
+        """Sequences in the batch (prefilling or decoding)."""
+        return len(self.scheduler.active)
+
+    def stats(self):
+        """Counters and gauges: queue_depth, active, steps, admitted, finished,
+        cancelled, failed, prompt/prefilled/generated tokens, prefix_cache."""
+        out = dict(self.scheduler.counts)
+        out.update(queue_depth=self.queue_depth, active=self.active, max_batch=self.scheduler.max_batch,
+                   max_queue=self.max_queue)
+        out["prefix_cache"] = self.prefix_cache.stats() if self.prefix_cache is not None else None
+        return out
+
+    # -- the scheduler thread --
+
+    def _loop(self):
+        sched = self.scheduler
+        while True:
+            with self._cond:
+                while not self._incoming and not sched.busy and not self._closing:
+                    self._cond.wait()
+                for stream in self._incoming:
+                    sched.add(stream)
+                self._incoming.clear()
+                if self._cancel_all:
+                    sched.cancel_all()
+                if self._closing and not sched.busy:
+                    return
+            sched.step()
+
+    @property
+    def running(self):
+        return self._thread.is_alive()
+
+    def close(self, cancel=False, timeout=None):
+        """Stop taking requests; finish the queued and running ones (or cancel
+        them with cancel=True); wait up to ``timeout`` s for the scheduler
+        thread to end.  Returns True once it has ended."""
+        with self._cond:
+            self._closing = True
+            self._cancel_all = self._cancel_all or cancel
+            self._cond.notify()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+# -- Model.generate with a list of prompts --
+
+PER_PROMPT = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
+PROMPT_KEYS = frozenset(PER_PROMPT) | {"prompt", "stop", "logprobs", "top_logprobs"}
+
+
+def is_batch(prompt):
+    """Whether a generate() prompt is several prompts: a list of str, of id
+    sequences or of dicts, or a 2-D array of ids."""
+    if isinstance(prompt, np.ndarray):
+        return prompt.ndim == 2
+    if isinstance(prompt, (list, tuple)) and prompt:
+        return all(isinstance(p, (str, dict, list, tuple, np.ndarray)) for p in prompt)
+    return False
+
+
+def batch_generations(model, prompts, **params):
+    """One Generation per prompt.  A value in PER_PROMPT may be a list with
+    one entry per prompt; a prompt may be a dict {"prompt": ..., key: value}
+    that overrides any argument for itself (stop lists go there, since a
+    list-valued stop is already one prompt's list of stop strings)."""
+    prompts = list(prompts)
+    gens = []
+    for name in PER_PROMPT:
+        v = params[name]
+        if isinstance(v, (list, tuple)) and len(v) != len(prompts):
+            raise ValueError(f"generate: {name} has {len(v)} values for {len(prompts)} prompts")
+    for i, p in enumerate(prompts):
+        mine = {k: (v[i] if k in PER_PROMPT and isinstance(v, (list, tuple)) else v) for k, v in params.items()}
+        if isinstance(p, dict):
+            unknown = set(p) - PROMPT_KEYS
+            if unknown or "prompt" not in p:
+                raise ValueError(f"generate: prompt {i} is a dict; it needs 'prompt' and may set "
+                                 f"{', '.join(sorted(PROMPT_KEYS - {'prompt'}))}"
+                                 + (f"; unknown: {', '.join(sorted(map(str, unknown)))}" if unknown else ""))
+            mine.update((k, v) for k, v in p.items() if k != "prompt")
+            p = p["prompt"]
+        try:
+            gens.append(Generation(model, p, mine["max_new_tokens"], mine["temperature"], mine["top_k"],
+                                   mine["top_p"], mine["repetition_penalty"], mine["stop"], mine["seed"],
+                                   logprobs=mine["logprobs"], top_logprobs=mine["top_logprobs"],
+                                   truncate=mine.get("truncate", False)))
+        except ValueError as e:
+            raise ValueError(f"generate: prompt {i}: {e}") from None
+    return gens
+
+
+def run_batch(model, generations, max_batch=32):
+    """Run Generations together in the calling thread; their results in order."""
+    sched = Scheduler(model, max_batch=max_batch)
+    streams = [EngineStream(g) for g in generations]
+    for s in streams:
+        sched.add(s)
+    while sched.busy:
+        sched.step()
+    return [s.result() for s in streams]
+

@@ -1,0 +1,306 @@
+"""`cyformer serve` through the official openai client and raw HTTP.
+
+One server on 127.0.0.1 (a free port, a background thread) serves the
+bundled model, given a small chat template; it is stopped at the end of the
+module.  Every answer is compared with Model.generate on the same prompt.
+"""
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+import cyformer  # noqa: E402
+from cyformer.engine import Engine  # noqa: E402
+from cyformer.loader import default_model_path  # noqa: E402
+from cyformer.serve import ServerThread, create_app  # noqa: E402
+
+NAME = "pycode"
+TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|endoftext|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("served") / NAME
+    shutil.copytree(default_model_path(), path)
+    with open(path / "tokenizer_config.json", "w") as f:
+        json.dump({"chat_template": TEMPLATE, "eos_token": "<|endoftext|>"}, f)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return cyformer.load(model_dir)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    engine = Engine(model, max_batch=8, max_queue=64)
+    with ServerThread(create_app(model, engine, model_name=NAME)) as srv:
+        srv.engine = engine
+        yield srv
+    assert engine.close(cancel=True, timeout=30)
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def post(server, path, body, **kw):
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"},
+                      timeout=60, **kw)
+
+
+# -- the openai client --
+
+def test_models(client):
+    assert [m.id for m in client.models.list()] == [NAME]
+
+
+def test_completion_equals_generate(client, model):
+    r = client.completions.create(model=NAME, prompt="def fib(n):", max_tokens=12, temperature=0)
+    ref = model.generate("def fib(n):", max_new_tokens=12, temperature=0)
+    assert r.choices[0].text == ref and r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(model.encode("def fib(n):")) and r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+
+
+def test_completion_stream_and_stop(client, model):
+    ref = model.generate("import os\n", max_new_tokens=16, temperature=0)
+    chunks = list(client.completions.create(model=NAME, prompt="import os\n", max_tokens=16, temperature=0,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == ref
+    assert chunks[-1].choices[0].finish_reason == "length"
+    stop = ref[4:7]
+    r = client.completions.create(model=NAME, prompt="import os\n", max_tokens=16, temperature=0, stop=[stop])
+    assert r.choices[0].text == model.generate("import os\n", max_new_tokens=16, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_n_and_batch_prompts(client, model):
+    r = client.completions.create(model=NAME, prompt=["x = 1\n", "def f("], max_tokens=8, temperature=0.9,
+                                  seed=7, n=2)
+    texts = [c.text for c in sorted(r.choices, key=lambda c: c.index)]
+    expected = [model.generate(p, max_new_tokens=8, temperature=0.9, seed=7 + j)
+                for p in ("x = 1\n", "def f(") for j in range(2)]
+    assert texts == expected
+
+
+def test_completion_logprobs(client, model):
+    r = client.completions.create(model=NAME, prompt="def fib(n):", max_tokens=6, temperature=0, logprobs=3)
+    ref = model.generate("def fib(n):", max_new_tokens=6, logprobs=True, top_logprobs=3)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx([t.logprob for t in ref.logprobs], abs=1e-9)
+    assert [len(t) for t in lp.top_logprobs] == [3] * 6
+    assert "".join(lp.tokens) == r.choices[0].text == ref
+
+
+def test_chat_equals_model_chat(client, model):
+    messages = [{"role": "system", "content": "Write Python."}, {"role": "user", "content": "A loop"}]
+    ref = model.chat(messages, max_new_tokens=10, temperature=0)
+    r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=10, temperature=0,
+                                       logprobs=True, top_logprobs=2)
+    msg = r.choices[0].message
+    assert msg.role == "assistant" and msg.content == ref
+    assert r.choices[0].finish_reason == ("length" if ref.finish_reason == "length" else "stop")
+    assert len(r.choices[0].logprobs.content) == len(ref.token_ids)
+    assert all(len(t.top_logprobs) == 2 for t in r.choices[0].logprobs.content)
+    stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=10, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref
+    assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
+
+
+def test_api_errors_through_the_client(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=NAME, prompt="x", max_tokens=1, temperature=5)
+
+
+# -- raw HTTP: every kind of malformed request --
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/v1/completions", "{not json", 400, None),
+    ("/v1/completions", b"\xff\xfe", 400, None),
+    ("/v1/completions", "[1, 2]", 400, None),
+    ("/v1/completions", {"prompt": "x"}, 400, "model"),
+    ("/v1/completions", {"model": 3, "prompt": "x"}, 400, "model"),
+    ("/v1/completions", {"model": NAME}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": [[]]}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": [1, 99999]}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": "9"}, 400, "max_tokens"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": True}, 400, "max_tokens"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "temperature": -0.1}, 400, "temperature"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "n": 0}, 400, "n"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "n": 1000}, 400, "n"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "seed": -1}, 400, "seed"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "stop": ["a", 1]}, 400, "stop"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "stop": ["a"] * 5}, 400, "stop"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "logprobs": 6}, 400, "logprobs"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "presence_penalty": 1}, 400, "presence_penalty"),
+    ("/v1/completions", {"model": NAME, "prompt": "word " * 400}, 400, "prompt"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
+    ("/v1/chat/completions", {"model": NAME, "messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "x"}],
+                              "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "x" * 2000}]},
+     400, "messages"),
+])
+def test_malformed_requests(server, path, body, status, param):
+    r = post(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and isinstance(err["message"], str) and err["message"]
+
+
+def test_unknown_routes_and_methods(server):
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and "unknown route" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/v1/completions").status_code == 405
+    assert httpx.get(server.url + "/v1/models/" + NAME).json()["id"] == NAME
+    assert httpx.get(server.url + "/v1/models/other").status_code == 404
+
+
+def test_health_and_metrics(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("cyformer_http_requests_total", "cyformer_generated_tokens_total", "cyformer_queue_depth",
+                 "cyformer_active_sequences", "cyformer_prefix_cache_hits_total"):
+        assert f"# TYPE {name} " in text
+    assert 'cyformer_http_requests_total{endpoint="/health",status="200"}' in text
+
+
+# -- load, disconnects, the queue bound, shutdown --
+
+def test_load_no_request_lost_or_duplicated(server, model):
+    prompts = [f"def f{i}(x):\n    return x" + " +" * (i % 5) for i in range(8)]
+    expected = {p: model.generate(p, max_new_tokens=8, temperature=0) for p in prompts}
+    before = server.engine.stats()["finished"]
+
+    def client_run(c):
+        out = []
+        for r in range(4):
+            p = prompts[(c + r) % len(prompts)]
+            tag = f"{c}-{r}"
+            res = post(server, "/v1/completions", {"model": NAME, "prompt": p, "max_tokens": 8,
+                                                   "temperature": 0, "user": tag})
+            assert res.status_code == 200, res.text
+            out.append((tag, p, res.json()["choices"][0]["text"], res.json()["id"]))
+        return out
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = [x for chunk in pool.map(client_run, range(16)) for x in chunk]
+    assert len(results) == 64 and len({r[0] for r in results}) == 64
+    assert len({r[3] for r in results}) == 64  # one response per request
+    assert all(text == expected[p] for _, p, text, _ in results)
+    assert server.engine.stats()["finished"] - before == 64
+
+
+def test_disconnect_mid_stream_frees_the_slot(server):
+    engine = server.engine
+    cancelled = engine.stats()["cancelled"]
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
+                      json={"model": NAME, "prompt": "def f(x):", "max_tokens": 200, "temperature": 0,
+                            "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk arrived: the generation runs; now hang up
+    deadline = time.monotonic() + 30
+    while engine.stats()["cancelled"] == cancelled and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.stats()["cancelled"] == cancelled + 1
+    while engine.active and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.active == 0
+
+
+def test_full_queue_is_503(model):
+    engine = Engine(model, max_batch=1, max_queue=1)
+    with ServerThread(create_app(model, engine, model_name=NAME)) as srv:
+        long = engine.generate("def f(x):", max_new_tokens=200)
+        next(iter(long))  # running in the one slot
+        waiting = engine.generate("x", max_new_tokens=1)  # the queue's one place
+        r = post(srv, "/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": 1})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        assert r.json()["error"]["code"] == "queue_full"
+        long.cancel()
+        assert waiting.result(timeout=60) is not None
+    engine.close(cancel=True, timeout=30)
+
+
+def test_api_key(model):
+    with ServerThread(create_app(model, model_name=NAME, api_key="s3cret", max_batch=2)) as srv:
+        r = httpx.get(srv.url + "/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(srv.url + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0)
+        assert [m.id for m in c.models.list()] == [NAME]
+        assert httpx.get(srv.url + "/health").status_code == 200  # probes need no key
+
+
+def test_stop_finishes_running_requests(model):
+    """Stopping the server lets a running request finish, then closes the engine it made."""
+    app = create_app(model, model_name=NAME, grace=10)
+    srv = ServerThread(app).start()
+    engine = app.state.cyformer.engine
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(post, srv, "/v1/completions",
+                          {"model": NAME, "prompt": "def f(x):", "max_tokens": 40, "temperature": 0})
+        deadline = time.monotonic() + 30
+        while engine.active == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv.stop(timeout=60)
+        r = fut.result(timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40
+    assert not engine.running
+
+
+@pytest.mark.slow
+def test_sigterm_exits_zero(model_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "cyformer", "serve", "--model", model_dir, "--port", str(port),
+                             "--threads", "1", "--grace", "5"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("the server did not come up")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "serving 'pycode' on http://127.0.0.1" in proc.stderr.read()
+    assert os.path.isdir(model_dir)
