@@ -42,7 +42,7 @@ GEOMETRIES = {
 class Cy:
     def __init__(self, path, threads, dtype):
         self.model = cyformer.load(path, threads=threads, dtype=dtype)
-        object.__setattr__(self.model.config, "eos_token_ids", ())  # always run to the end
+        object.__setattr__(self.model.config, "eos_token_id", None)  # always run to the end
         self.name, self.threads, self.blas = f"cyformer {dtype}", threads, threads
 
     def prefill(self, ids):

@@ -126,7 +126,7 @@ def decode_bytes(cfg):
 class Cyformer:
     def __init__(self, path, threads, backend="cython"):
         self.model = cyformer.load(path, threads=threads, backend=backend)
-        object.__setattr__(self.model.config, "eos_token_ids", ())  # always run to the end
+        object.__setattr__(self.model.config, "eos_token_id", None)  # always run to the end
         self.name = f"cyformer {backend}" + (f" {threads}T" if backend == "cython" else "")
         self.threads = threads
         self.blas = threads

@@ -85,13 +85,17 @@ class Config:
     tie_word_embeddings: bool = True
     rope_theta: float = 10000.0
     rope_scaling: Optional[arch.RopeScaling] = None
-    eos_token_ids: Tuple[int, ...] = ()  # every end-of-sequence id (config.json may list several)
+    more_eos_token_ids: Tuple[int, ...] = ()  # config.json may list several: those after the first
 
     def __post_init__(self):
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
-        if not self.eos_token_ids and self.eos_token_id is not None:
-            object.__setattr__(self, "eos_token_ids", (self.eos_token_id,))
+
+    @property
+    def eos_token_ids(self) -> Tuple[int, ...]:
+        """Every end-of-sequence id."""
+        first = () if self.eos_token_id is None else (self.eos_token_id,)
+        return first + tuple(i for i in self.more_eos_token_ids if i != self.eos_token_id)
 
     @property
     def family(self) -> arch.Family:
@@ -156,7 +160,7 @@ class Config:
                 warnings.warn(f"{source}: eos_token_id {_clip(eos)} holds entries that are not "
                               "token ids below vocab_size; ignoring them")
             values["eos_token_id"] = ids[0] if ids else None
-            values["eos_token_ids"] = ids
+            values["more_eos_token_ids"] = ids[1:]
         names = {f.name for f in fields(cls)}
         cfg = cls(**{k: v for k, v in values.items() if k in names})
         cfg.validate(source)
@@ -206,7 +210,7 @@ class Config:
                 warnings.warn(f"{source}: {name}={_clip(v)} is not a token id below vocab_size; ignoring it")
                 object.__setattr__(self, name, None)
                 if name == "eos_token_id":
-                    object.__setattr__(self, "eos_token_ids", ())
+                    object.__setattr__(self, "more_eos_token_ids", ())
         # Guard against absurd sizes before anything is allocated from them.
         if self.n_params() > MAX_PARAMS:
             raise ModelLoadError(f"{source}: the geometry implies {self.n_params():,} parameters; refusing")

@@ -169,7 +169,7 @@ def test_generation_config_from_model_config_defers_to_config_json(tokenized_che
     m = cyformer.load(tokenized_checkpoint[0])
     assert m.generation_config.eos_token_ids is None
     assert m.generation_config.eos_ids(m.config) == {m.config.eos_token_id}
-    object.__setattr__(m.config, "eos_token_ids", ())
+    object.__setattr__(m.config, "eos_token_id", None)
     assert m.generation_config.eos_ids(m.config) == frozenset()
 
 

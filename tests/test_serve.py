@@ -36,6 +36,8 @@ TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|endoftext
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("served") / NAME
     shutil.copytree(default_model_path(), path)
+    # greedy by default: these tests compare responses with sequential runs
+    (path / "generation_config.json").unlink(missing_ok=True)
     with open(path / "tokenizer_config.json", "w") as f:
         json.dump({"chat_template": TEMPLATE, "eos_token": "<|endoftext|>"}, f)
     return str(path)
