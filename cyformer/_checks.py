@@ -58,8 +58,8 @@ def token_ids(fn, name, ids, vocab_size, ndim=None):
     if isinstance(ids, np.ndarray):
         arr = ids
     elif isinstance(ids, (str, bytes)):
-        raise ValueError(f"{fn}: {name} must be token ids, got text; {fn} takes token ids: "
-                         "use model.encode(text) (generate and stream take text as it is)")
+        raise ValueError(f"{fn}: {name} must be integer token ids, got {type(ids).__name__}; {fn} takes "
+                         "token ids: use model.encode(text) (generate and stream take text as it is)")
     else:
         try:
             arr = np.asarray(ids)

@@ -51,8 +51,8 @@ def mlp_forward(x, W_in, b_in, W_out, b_out, out=None, *, activation="gelu_new",
     cdef int act = MLP_KINDS[activation]
     f32(fn, "x", x, 2)
     cdef Py_ssize_t T = x.shape[0], C = x.shape[1]
-    cdef list keep = []
-    cdef Wt wi = weights_of(fn, "W_in", W_in, C, False, keep)
+    cdef list keep = [], keep_in = []
+    cdef Wt wi = weights_of(fn, "W_in", W_in, C, False, keep_in)
     cdef Py_ssize_t N = W_in.shape[1]
     if act == ACT_SWIGLU and N % 2:
         raise ValueError(f"mlp: W_in must be [C, 2F] (gate | up) for swiglu, got {W_in.shape}")
@@ -61,6 +61,7 @@ def mlp_forward(x, W_in, b_in, W_out, b_out, out=None, *, activation="gelu_new",
         f32(fn, "b_in", b_in, 1)
         _checks.shape(fn, "b_in", b_in, (N,))
     cdef Wt wo = weights_of(fn, "W_out", W_out, F, False, keep)
+    cdef list keep_out = list(keep)
     _checks.same_dim(fn, "W_out", W_out, 1, C, "x.shape[1]")
     if b_out is not None:
         f32(fn, "b_out", b_out, 1)
@@ -73,8 +74,10 @@ def mlp_forward(x, W_in, b_in, W_out, b_out, out=None, *, activation="gelu_new",
         f32(fn, "out", out, 2, True)
         _checks.shape(fn, "out", out, (T, C))
         _checks.no_overlap(fn, "out", out, x=x, b_in=b_in, b_out=b_out)
-        for a in keep:
-            _checks.no_overlap(fn, "out", out, weights=a)
+        for a in keep_in:
+            _checks.no_overlap(fn, "out", out, W_in=a)
+        for a in keep_out:
+            _checks.no_overlap(fn, "out", out, W_out=a)
     if T == 0 or C == 0 or F == 0:
         raise ValueError(f"mlp: empty dimension (T={T}, C={C}, F={F})")
     cdef int nt = _checks.threads(fn, threads)
