@@ -91,6 +91,8 @@ class Model(LensAPI):
 
         if not batched:  # the backend's array as is (a [512, 50257] copy costs a layer norm pass)
             return run(batch[0])
+        if hasattr(backend, "forward_batch") and batch.shape[1] >= backend.exact_chunk:
+            return backend.forward_batch(batch)  # one pass: each weight matrix read once
         logits = np.empty((*batch.shape, self.config.vocab_size), dtype=np.float32)
         for b, seq in enumerate(batch):  # each run's array is dropped before the next one
             logits[b] = run(seq)

@@ -179,3 +179,15 @@ def test_batched_step_refuses_bad_batches():
         step([1, 2], [a.k, a.k], [a.v, b.v], [0, 0])
     with pytest.raises(ValueError, match="is outside the cache"):
         step([1, 2], [a.k, b.k], [a.v, b.v], [0, 9 + PAD])
+
+
+@pytest.mark.parametrize("T", [4, 13, 40])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_forward_is_bitwise_each_sequence_alone(checkpoint, rng, T, threads):
+    for name in ("odd", "erf"):
+        m = cyformer.load(checkpoint(name)[0], threads=threads)
+        T = min(T, m.config.n_positions)
+        ids = rng.integers(0, m.config.vocab_size, size=(3, T))
+        got = m.forward(ids)
+        for b in range(3):
+            assert np.array_equal(got[b], m.forward(ids[b]))

@@ -80,7 +80,9 @@ def test_logits_match_transformers(llama, name, rng):
         ids = rng.integers(0, cfg.vocab_size, size=T)
         a = compare(m1, hf, ids)
         assert np.array_equal(a, m2.forward(ids)), "1 and 2 threads differ"
-    compare(m2, hf, rng.integers(0, cfg.vocab_size, size=(3, 11)))
+    batch = rng.integers(0, cfg.vocab_size, size=(3, 11))
+    got = compare(m2, hf, batch)  # one batched pass: each row bitwise its sequence alone
+    assert all(np.array_equal(got[b], m2.forward(batch[b])) for b in range(3))
 
 
 @pytest.mark.parametrize("name", sorted(LLAMA_GEOMETRIES))

@@ -87,6 +87,20 @@ class Attention:
         qkv = self.rotate(self.qkv(x, threads, ws), past, threads)
         return self.out(self.mix(qkv, k_cache, v_cache, past, threads, ws=ws), threads, resid, ws)
 
+    def batched(self, x, caches, T, threads, resid, ws):
+        """B sequences of T new positions each, their rows stacked in x [B T, C]:
+        the products run over all rows at once (each row's sums are those of
+        its own sequence's product); rotation and attention per sequence,
+        each over its own cache (caches: B (k_cache, v_cache) pairs)."""
+        qkv = self.qkv(x, threads, ws)
+        z = ws.array("z", (len(x), self.n_head * self.d_head))
+        for b, (k_cache, v_cache) in enumerate(caches):
+            rows = slice(b * T, (b + 1) * T)
+            q = self.rotate(qkv[rows], 0, threads)
+            attention.attention_forward(q, k_cache, v_cache, 0, out=z[rows], threads=threads,
+                                        workspace=ws, n_head=self.n_head)
+        return self.out(z, threads, resid, ws)
+
 
 class MLP:
     """Two products with an activation between (a GELU, or SwiGLU's gate):
@@ -121,6 +135,14 @@ class Block:
         ws = ws if ws is not None else linalg.Workspace()
         x = ws.array("x", resid.shape)
         self.attn(self.ln_1(resid, threads, out=x), k_cache, v_cache, past, threads, resid=resid, ws=ws)
+        self.mlp(self.ln_2(resid, threads, out=x), threads, resid=resid, ws=ws)
+        return resid
+
+    def batched(self, resid, kvs, T, threads, ws):
+        """The block over B sequences whose T rows each are stacked in resid [B T, C]."""
+        x = ws.array("x", resid.shape)
+        self.attn.batched(self.ln_1(resid, threads, out=x), [kv.layer(self.index) for kv in kvs], T,
+                          threads, resid, ws)
         self.mlp(self.ln_2(resid, threads, out=x), threads, resid=resid, ws=ws)
         return resid
 
@@ -233,6 +255,24 @@ class CythonBackend:
         the hook points, the sequences in step so that hooks see the batch."""
         from .hooked import forward
         return hooks.run([forward(self, seq, self.new_cache(len(seq)), False, hooks) for seq in batch])
+
+    def forward_batch(self, batch):
+        """Logits [B, T, V] of B fresh sequences of T >= exact_chunk tokens
+        (batch [B, T], validated) in one pass: every weight matrix is read
+        once for all B T rows, and each sequence's logits are bitwise those
+        of running it alone (the same GEMM sums per row; attention per
+        sequence)."""
+        B, T = batch.shape
+        threads, ws, C = self.threads, self.workspace(), self.config.n_embd
+        kvs = [KVCache(self.config, T) for _ in range(B)]
+        resid = ws.array("resid", (B * T, C))
+        for b in range(B):
+            self.embed(batch[b], 0, threads, out=resid[b * T:(b + 1) * T])
+        for block in self.blocks:
+            block.batched(resid, kvs, T, threads, ws)
+        x = self.ln_f(resid, threads, out=ws.array("x", resid.shape))
+        logits = np.empty((B * T, self.config.vocab_size), dtype=np.float32)
+        return self.unembed(x, threads, out=logits, ws=ws).reshape(B, T, -1)
 
     def run(self, ids, kv: KVCache, last_only=False, hooks=None):
         """Feed token ids [T] (already validated) after the kv.length cached
