@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 
+from . import _openmp
+
 F32 = np.dtype(np.float32)
 
 
@@ -108,11 +110,13 @@ MAX_THREADS = 1024
 
 
 def threads(fn, n):
+    """The team size a kernel call runs with: n checked, None the default;
+    1 in a process forked when OpenMP's worker threads could not be ended
+    (see cyformer._openmp)."""
     if n is None:
-        return default_threads()
-    if type(n) is int and 1 <= n <= MAX_THREADS:
-        return n
-    n = integer(fn, "threads", n)
-    if not 1 <= n <= MAX_THREADS:
-        raise ValueError(f"{fn}: threads must be in [1, {MAX_THREADS}], got {n}")
-    return n
+        n = default_threads()
+    elif not (type(n) is int and 1 <= n <= MAX_THREADS):
+        n = integer(fn, "threads", n)
+        if not 1 <= n <= MAX_THREADS:
+            raise ValueError(f"{fn}: threads must be in [1, {MAX_THREADS}], got {n}")
+    return 1 if _openmp.one_thread else n
