@@ -42,7 +42,7 @@ class GeneratedIds(list):
     cache: dict
 
 
-def _check_stop(stop, has_text):
+def _check_stop(stop, has_text, vocab_size):
     if stop is None:
         return [], set()
     if isinstance(stop, (str, numbers.Integral)):
@@ -58,6 +58,8 @@ def _check_stop(stop, has_text):
                 raise ValueError("stop strings must be non-empty")
             strings.append(s)
         elif isinstance(s, numbers.Integral) and not isinstance(s, bool):
+            if not 0 <= s < vocab_size:
+                raise ValueError(f"stop holds token id {s}, outside [0, {vocab_size})")
             ids.add(int(s))
         else:
             raise ValueError(f"stop must hold strings or token ids, got {s!r}")
@@ -95,7 +97,7 @@ class Generation:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.params = SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
         has_text = self.text_mode or model.tokenizer.available
-        self.stop_strings, self.stop_ids = _check_stop(stop, has_text)
+        self.stop_strings, self.stop_ids = _check_stop(stop, has_text, cfg.vocab_size)
         self.prompt_ids = ids
         self.tokens = []
         self.finish_reason = None
