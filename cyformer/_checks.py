@@ -57,13 +57,19 @@ def integer(fn, name, value):
 
 def token_ids(fn, name, ids, vocab_size, ndim=None):
     """Token ids as a C-contiguous int64 array, every id in [0, vocab_size)."""
+    if isinstance(ids, np.ma.MaskedArray):
+        # its min() and max() skip masked entries, which the kernels would read
+        raise ValueError(f"{fn}: {name} is a masked array; pass the ids to use "
+                         "(ids.compressed() or ids.filled(token))")
     if isinstance(ids, np.ndarray):
-        arr = ids
+        arr = np.asarray(ids)  # a subclass's data as a plain array: what is checked is what is used
     else:
         try:
             arr = np.asarray(ids)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{fn}: {name} must be integer token ids: {e}") from None
+        except MemoryError:
+            raise ValueError(f"{fn}: {name} holds more token ids than fit in memory") from None
         if arr.size == 0:  # an empty list has no dtype of its own
             arr = arr.astype(np.int64)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
@@ -76,6 +82,23 @@ def token_ids(fn, name, ids, vocab_size, ndim=None):
             bad = lo if lo < 0 else hi
             raise ValueError(f"{fn}: {name} contains token id {bad}, outside [0, {vocab_size})")
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def text(fn, name, value):
+    """value must be a str of valid Unicode: the tokenizer reads UTF-8, which
+    has no lone surrogates (what undecodable bytes become in sys.argv and in
+    files read with errors="surrogateescape")."""
+    if not isinstance(value, str):
+        raise ValueError(f"{fn}: {name} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(value[e.start])
+        what = (f"the undecodable byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF
+                else f"a lone surrogate U+{c:04X}")
+        raise ValueError(f"{fn}: {name} holds {what} at index {e.start}; text must be valid "
+                         "Unicode (UTF-8 when read as bytes)") from None
+    return value
 
 
 def available_cores():

@@ -43,6 +43,7 @@ class GeneratedIds(list):
 
 
 def _check_stop(stop, has_text, vocab_size):
+    """stop -> (stop strings, set of stop token ids), or ValueError."""
     if stop is None:
         return [], set()
     if isinstance(stop, (str, numbers.Integral)):
@@ -56,7 +57,7 @@ def _check_stop(stop, has_text, vocab_size):
         if isinstance(s, str):
             if not s:
                 raise ValueError("stop strings must be non-empty")
-            strings.append(s)
+            strings.append(_checks.text("generate", "stop", s))
         elif isinstance(s, numbers.Integral) and not isinstance(s, bool):
             if not 0 <= s < vocab_size:
                 raise ValueError(f"stop holds token id {s}, outside [0, {vocab_size})")
@@ -84,7 +85,7 @@ class Generation:
         if self.text_mode:
             if not prompt:
                 raise ValueError("prompt must not be empty")
-            prompt_ids = model.tokenizer.encode(prompt)
+            prompt_ids = model.tokenizer.encode(_checks.text("generate", "prompt", prompt))
         else:
             prompt_ids = prompt
         ids = _checks.token_ids("generate", "prompt", prompt_ids, cfg.vocab_size, ndim=1)

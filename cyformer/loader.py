@@ -26,7 +26,7 @@ def load(path=None, *, threads=None, backend="cython"):
     that is missing or malformed.
     """
     try:
-        path = default_model_path() if path is None else os.fspath(path)
+        path = default_model_path() if path is None else os.fsdecode(os.fspath(path))
     except TypeError:
         raise ValueError(f"load: path must be a str or os.PathLike, got {path!r}") from None
     if not os.path.isdir(path):
@@ -35,3 +35,8 @@ def load(path=None, *, threads=None, backend="cython"):
     weights = load_weights(os.path.join(path, "model.safetensors"), cfg)
     tokenizer = load_tokenizer(path)
     return Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend)
+
+
+def reload(path, threads, backend):
+    """Unpickling or copying a Model: load its directory again (Model.__reduce__)."""
+    return load(path, threads=threads, backend=backend)

@@ -2,6 +2,7 @@
 
 import os
 
+from . import _checks
 from .errors import ModelLoadError, TokenizerError
 
 
@@ -26,8 +27,7 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text):
-        if not isinstance(text, str):
-            raise ValueError(f"encode: text must be a str, got {type(text).__name__}")
+        _checks.text("encode", "text", text)
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids):

@@ -31,6 +31,8 @@ and returns either None (keep it) or a replacement of the same shape.
 
 import numpy as np
 
+from ..config import Config
+
 # Per-block points in the order a forward pass reaches them.
 BLOCK_POINTS = (
     "hook_resid_pre",
@@ -52,6 +54,8 @@ _KEY_AXIS_POINTS = ("attn.hook_attn_scores", "attn.hook_pattern")
 
 def hook_names(cfg):
     """Every hook point of a model with this config, in forward order."""
+    if not isinstance(cfg, Config):
+        raise TypeError(f"hook_names: cfg must be a cyformer.Config (model.config), got {type(cfg).__name__}")
     names = ["hook_embed", "hook_pos_embed"]
     for i in range(cfg.n_layer):
         names += [f"blocks.{i}.{p}" for p in BLOCK_POINTS]
@@ -114,7 +118,14 @@ class HookPoints:
     def __init__(self, cfg, record=frozenset(), fwd_hooks=()):
         self.record = frozenset(record)
         self.hooks = {}
-        for item in fwd_hooks or ():
+        try:
+            items = [] if fwd_hooks is None or isinstance(fwd_hooks, (str, bytes)) else list(fwd_hooks)
+        except TypeError:
+            items = None
+        if items is None or isinstance(fwd_hooks, (str, bytes)):
+            raise ValueError(f"run_with_hooks: fwd_hooks must be a list of (name, fn) pairs, "
+                             f"got {type(fwd_hooks).__name__}")
+        for item in items:
             try:
                 target, fn = item
             except (TypeError, ValueError):
