@@ -5,7 +5,6 @@
     logits = model.forward([464, 3290, 318])   # [T, vocab] float32
 """
 
-from . import _openmp  # noqa: F401  first: libgomp's wait policy is read when it loads
 from .errors import CyformerError, ModelLoadError, TokenizerError
 from .config import Config
 from .loader import load

@@ -1,6 +1,7 @@
 """The OpenMP runtime of this process, and what a fork does to it.
 
-cyformer/__init__.py imports this module before anything else.
+cyformer._checks, through which every kernel call gets its thread count,
+imports it, so the fork handler is in place before any kernel runs.
 
 Fork.  libgomp has no fork handler: a child forked after a parallel region
 inherits a team of worker threads that no longer exist and waits for them
