@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from . import _openmp
+from . import _cores, _openmp
 
 F32 = np.dtype(np.float32)
 
@@ -101,12 +101,7 @@ def text(fn, name, value):
     return value
 
 
-def available_cores():
-    """Cores this process may run on (CPU affinity mask where the OS has one)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+available_cores = _cores.available
 
 
 def default_threads():
@@ -133,13 +128,13 @@ MAX_THREADS = 1024
 
 
 def threads(fn, n):
-    """The team size a kernel call runs with: n checked, None the default;
-    1 in a process forked when OpenMP's worker threads could not be ended
-    (see cyformer._openmp)."""
+    """The team a kernel call runs with: n checked (None: the default), capped
+    by the cores other processes leave free (cyformer._cores); 1 in a process
+    forked when OpenMP's worker threads could not be ended (cyformer._openmp)."""
     if n is None:
         n = default_threads()
     elif not (type(n) is int and 1 <= n <= MAX_THREADS):
         n = integer(fn, "threads", n)
         if not 1 <= n <= MAX_THREADS:
             raise ValueError(f"{fn}: threads must be in [1, {MAX_THREADS}], got {n}")
-    return 1 if _openmp.one_thread else n
+    return 1 if _openmp.one_thread else _cores.team(n)

@@ -21,9 +21,12 @@ def load(path=None, *, threads=None, backend="cython"):
     when present, tokenizer.json.  With no path, the bundled default model.
 
     threads: kernel threads; default OMP_NUM_THREADS or the cores this
-    process may run on.  backend: "cython" (compiled kernels, default),
-    "numpy" (vectorised reference) or "naive" (pure-Python teaching code).  Raises ModelLoadError naming the file, key or tensor
-    that is missing or malformed.
+    process may run on.  A call uses fewer while other processes keep those
+    cores busy (cyformer._cores; CYFORMER_ADAPTIVE_THREADS=0 turns that
+    off); results are the same at any count.  backend: "cython" (compiled
+    kernels, default), "numpy" (vectorised reference) or "naive"
+    (pure-Python teaching code).  Raises ModelLoadError naming the file, key
+    or tensor that is missing or malformed.
     """
     try:
         path = default_model_path() if path is None else os.fsdecode(os.fspath(path))
