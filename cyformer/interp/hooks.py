@@ -119,10 +119,10 @@ class HookPoints:
         self.record = frozenset(record)
         self.hooks = {}
         try:
-            items = [] if fwd_hooks is None or isinstance(fwd_hooks, (str, bytes)) else list(fwd_hooks)
-        except TypeError:
+            items = None if isinstance(fwd_hooks, (str, bytes)) else list(fwd_hooks or ())
+        except (TypeError, ValueError):  # not iterable (an ndarray's truth value is a ValueError)
             items = None
-        if items is None or isinstance(fwd_hooks, (str, bytes)):
+        if items is None:
             raise ValueError(f"run_with_hooks: fwd_hooks must be a list of (name, fn) pairs, "
                              f"got {type(fwd_hooks).__name__}")
         for item in items:
