@@ -31,6 +31,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from weights import GPT2_SMALL, TINY, make_checkpoint  # noqa: E402
 
+# Rows are labelled with their thread counts: keep them exact on a busy
+# machine too (cyformer would otherwise shrink its team; cyformer._cores).
+os.environ.setdefault("CYFORMER_ADAPTIVE_THREADS", "0")
 import cyformer  # noqa: E402
 
 CACHE = os.environ.get("CYFORMER_BENCH_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "cyformer-bench"))

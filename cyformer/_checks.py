@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 
+from . import _cores, _openmp
+
 F32 = np.dtype(np.float32)
 
 
@@ -55,8 +57,12 @@ def integer(fn, name, value):
 
 def token_ids(fn, name, ids, vocab_size, ndim=None):
     """Token ids as a C-contiguous int64 array, every id in [0, vocab_size)."""
+    if isinstance(ids, np.ma.MaskedArray):
+        # its min() and max() skip masked entries, which the kernels would read
+        raise ValueError(f"{fn}: {name} is a masked array; pass the ids to use "
+                         "(ids.compressed() or ids.filled(token))")
     if isinstance(ids, np.ndarray):
-        arr = ids
+        arr = np.asarray(ids)  # a subclass's data as a plain array: what is checked is what is used
     elif isinstance(ids, (str, bytes)):
         raise ValueError(f"{fn}: {name} must be integer token ids, got {type(ids).__name__}; {fn} takes "
                          "token ids: use model.encode(text) (generate and stream take text as it is)")
@@ -65,6 +71,8 @@ def token_ids(fn, name, ids, vocab_size, ndim=None):
             arr = np.asarray(ids)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{fn}: {name} must be integer token ids: {e}") from None
+        except MemoryError:
+            raise ValueError(f"{fn}: {name} holds more token ids than fit in memory") from None
         if arr.size == 0:  # an empty list has no dtype of its own
             arr = arr.astype(np.int64)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
@@ -79,12 +87,24 @@ def token_ids(fn, name, ids, vocab_size, ndim=None):
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def available_cores():
-    """Cores this process may run on (CPU affinity mask where the OS has one)."""
+def text(fn, name, value):
+    """value must be a str of valid Unicode: the tokenizer reads UTF-8, which
+    has no lone surrogates (what undecodable bytes become in sys.argv and in
+    files read with errors="surrogateescape")."""
+    if not isinstance(value, str):
+        raise ValueError(f"{fn}: {name} must be a str, got {type(value).__name__}")
     try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(value[e.start])
+        what = (f"the undecodable byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF
+                else f"a lone surrogate U+{c:04X}")
+        raise ValueError(f"{fn}: {name} holds {what} at index {e.start}; text must be valid "
+                         "Unicode (UTF-8 when read as bytes)") from None
+    return value
+
+
+available_cores = _cores.available
 
 
 def default_threads():
@@ -111,14 +131,16 @@ MAX_THREADS = 1024
 
 
 def threads(fn, n):
+    """The team a kernel call runs with: n checked (None: the default), capped
+    by the cores other processes leave free (cyformer._cores); 1 in a process
+    forked when OpenMP's worker threads could not be ended (cyformer._openmp)."""
     if n is None:
-        return default_threads()
-    if type(n) is int and 1 <= n <= MAX_THREADS:
-        return n
-    n = integer(fn, "threads", n)
-    if not 1 <= n <= MAX_THREADS:
-        raise ValueError(f"{fn}: threads must be in [1, {MAX_THREADS}], got {n}")
-    return n
+        n = default_threads()
+    elif not (type(n) is int and 1 <= n <= MAX_THREADS):
+        n = integer(fn, "threads", n)
+        if not 1 <= n <= MAX_THREADS:
+            raise ValueError(f"{fn}: threads must be in [1, {MAX_THREADS}], got {n}")
+    return 1 if _openmp.one_thread else _cores.team(n)
 
 
 def check_ids(ids, cfg, fn="forward"):

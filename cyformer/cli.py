@@ -400,6 +400,7 @@ def cmd_info(args):
 def cmd_inspect(args):
     import numpy as np
 
+    from . import _checks
     from .interp import export, lens
 
     # An optional dependency that is missing is found before the work: the
@@ -416,7 +417,7 @@ def cmd_inspect(args):
     for name, value, n in (("layer", args.layer, cfg.n_layer), ("head", args.head, cfg.n_head)):
         if value is not None and value >= n:
             raise ValueError(f"--{name} {value}: this model has {name}s 0..{n - 1}")
-    ids = model.encode(args.prompt)
+    ids = model.encode(_checks.text("inspect", "prompt", args.prompt))
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     layers = list(range(cfg.n_layer)) if args.layer is None else [args.layer]
@@ -472,6 +473,9 @@ def main(argv=None):
         return EXIT_USAGE
     from .errors import CyformerError
 
+    if sys.stdout is None:  # started with standard output closed (`>&-`): nowhere to write
+        print("cyformer: error: standard output is closed", file=sys.stderr)
+        return EXIT_ERROR
     try:
         if args.command in ("score", "generate-corpus", "collect"):
             from .jobs.cli import main as jobs_main

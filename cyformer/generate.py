@@ -60,7 +60,8 @@ class GeneratedIds(list):
     logprobs: list
 
 
-def _check_stop(stop, has_text):
+def _check_stop(stop, has_text, vocab_size):
+    """stop -> (stop strings, set of stop token ids), or ValueError."""
     if stop is None:
         return [], set()
     if isinstance(stop, (str, numbers.Integral)):
@@ -74,8 +75,10 @@ def _check_stop(stop, has_text):
         if isinstance(s, str):
             if not s:
                 raise ValueError("stop strings must be non-empty")
-            strings.append(s)
+            strings.append(_checks.text("generate", "stop", s))
         elif isinstance(s, numbers.Integral) and not isinstance(s, bool):
+            if not 0 <= s < vocab_size:
+                raise ValueError(f"stop holds token id {s}, outside [0, {vocab_size})")
             ids.add(int(s))
         else:
             raise ValueError(f"stop must hold strings or token ids, got {s!r}")
@@ -106,7 +109,8 @@ class Generation:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
-            prompt_ids = model.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+            prompt_ids = model.tokenizer.encode(_checks.text("generate", "prompt", prompt),
+                                                add_special_tokens=add_special_tokens)
         else:
             prompt_ids = prompt
         ids = _checks.token_ids("generate", "prompt", prompt_ids, cfg.vocab_size, ndim=1)
@@ -128,7 +132,7 @@ class Generation:
         self.params = model.generation_config.sampling(temperature, top_k, top_p, repetition_penalty, seed)
         self.eos_ids = model.generation_config.eos_ids(cfg) | frozenset(end_ids)
         has_text = self.text_mode or model.tokenizer.available
-        self.stop_strings, self.stop_ids = _check_stop(stop, has_text)
+        self.stop_strings, self.stop_ids = _check_stop(stop, has_text, cfg.vocab_size)
         if not isinstance(logprobs, (bool, np.bool_)):
             raise ValueError(f"logprobs must be True or False, got {logprobs!r}")
         self.top_logprobs = _checks.integer("generate", "top_logprobs", top_logprobs)

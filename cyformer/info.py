@@ -2,7 +2,7 @@
 
 import platform
 
-from . import _checks, _runtime, kernels
+from . import _checks, _cores, _runtime, kernels
 
 
 def build_info():
@@ -11,7 +11,8 @@ def build_info():
     openmp: compiled with OpenMP; compile_flags: common flags; isa: the kernel
     level loaded for this CPU and its flags; cython: Cython version used to
     build; threads: the default thread count (OMP_NUM_THREADS, else the cores
-    in this process's affinity mask).
+    in this process's affinity mask); adaptive_threads: whether calls use
+    fewer while other processes keep cores busy (cyformer._cores).
     """
     b = kernels.BUILD
     return {
@@ -27,5 +28,6 @@ def build_info():
         "debug": bool(b.get("debug")),
         "threads": _checks.default_threads(),
         "omp_max_threads": _runtime.omp_max_threads(),
+        "adaptive_threads": _cores.enabled(),
         "machine": platform.machine(),
     }

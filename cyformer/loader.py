@@ -27,21 +27,23 @@ def load(path=None, *, threads=None, backend="cython", dtype=None):
     Hub cache (cyformer.hub; needs ``pip install cyformer[hub]``).
 
     threads: kernel threads; default OMP_NUM_THREADS or the cores this
-    process may run on.  backend: "cython" (compiled kernels, default),
-    "numpy" (vectorised reference) or "naive" (pure-Python teaching code).
-    dtype: the format of the weight matrices (cyformer.formats): "float32",
-    "bfloat16", "int8" or "int4", converted at load from a float32, float16
-    or bfloat16 checkpoint; None keeps what the directory holds (float32 for
-    a Hugging Face checkpoint, the saved format for one written by
-    Model.save).  Raises ModelLoadError naming the file, key or tensor that
-    is missing or malformed.
+    process may run on.  A call uses fewer while other processes keep those
+    cores busy (cyformer._cores; CYFORMER_ADAPTIVE_THREADS=0 turns that
+    off); results are the same at any count.  backend: "cython" (compiled
+    kernels, default), "numpy" (vectorised reference) or "naive"
+    (pure-Python teaching code).  dtype: the format of the weight matrices
+    (cyformer.formats): "float32", "bfloat16", "int8" or "int4", converted
+    at load from a float32, float16 or bfloat16 checkpoint; None keeps what
+    the directory holds (float32 for a Hugging Face checkpoint, the saved
+    format for one written by Model.save).  Raises ModelLoadError naming the
+    file, key or tensor that is missing or malformed.
     """
     from .formats import check_format
 
     if dtype is not None:
         check_format("load", dtype)
     try:
-        path = default_model_path() if path is None else os.fspath(path)
+        path = default_model_path() if path is None else os.fsdecode(os.fspath(path))
     except TypeError:
         raise ValueError(f"load: path must be a str or os.PathLike, got {path!r}") from None
     path = hub.resolve(path)  # a Hub name ("owner/name") -> its cached snapshot
@@ -74,3 +76,8 @@ def _progress(cfg, dtype):
             bar.close()
 
     return update
+
+
+def reload(path, threads, backend, dtype=None):
+    """Unpickling or copying a Model: load its directory again (Model.__reduce__)."""
+    return load(path, threads=threads, backend=backend, dtype=dtype)

@@ -10,6 +10,8 @@ go through it, and ``blocks``/``unembed`` are read-only views of the weights
 (cyformer.interp).
 """
 
+import os
+
 import numpy as np
 
 from . import _checks
@@ -74,6 +76,15 @@ class Model(LensAPI):
         return (f"<cyformer.Model {c.model_type} {self.dtype} ({self.backend.name}) {c.n_layer} layers, "
                 f"d_model {c.n_embd}, {c.n_head} heads{kv}, vocab {c.vocab_size}, context {c.n_positions}, "
                 f"threads {self.threads}>")
+
+    def __reduce__(self):
+        # pickle, copy and deepcopy load the directory again: the weights are
+        # memory-mapped and the compiled kernels hold pointers into them
+        if self.path is None:
+            raise TypeError("a Model built from weights in memory cannot be pickled or copied: "
+                            "only one loaded with cyformer.load(path) can (it is loaded again)")
+        from .loader import reload
+        return reload, (os.path.abspath(self.path), self.threads, self.backend.name, self.dtype)
 
     def forward(self, ids):
         """Logits for every position: ids [T] -> [T, V], or [B, T] -> [B, T, V] (float32).

@@ -3,14 +3,43 @@
 All operations are vectorised NumPy over the vocabulary; a seeded
 numpy.random.Generator makes sampling reproducible, and because the logits
 are bitwise identical at any thread count, so are the samples.
+
+Every finite parameter is honoured, subnormal ones included: the sampled
+distribution is softmax(s) with s = penalised logits / temperature, and
+when s overflows float64 (temperature or repetition_penalty near 1e-308)
+that distribution is a point mass on its largest entry (any other entry is
+at least ~1e300 below it), so the exact argmax is taken instead (`_argmax`).
 """
 
 import math
 import numbers
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Optional
 
 import numpy as np
+
+
+def _real(name, value, ok, want, zero_ok=False):
+    """A real parameter as a float, or ValueError naming it.  Fractions and
+    NumPy scalars are converted once here, so the sampler sees only floats."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+    try:
+        v = float(value)
+    except (OverflowError, ValueError, TypeError):  # e.g. Fraction(10**400)
+        raise ValueError(f"{name} must be {want} that fits a float64, got {value!r}") from None
+    if not math.isfinite(v) or not ok(value):
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+    if v == 0 and value != 0 and not zero_ok:
+        raise ValueError(f"{name} must be {want}; {value!r} is below the smallest float64")
+    return v
+
+
+def _integer(name, value, minimum):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} (or None), got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -27,23 +56,19 @@ class SamplingParams:
     seed: Optional[int] = None
 
     def __post_init__(self):
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        k = self.top_k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1):
-            raise ValueError(f"top_k must be an integer >= 1 (or None), got {k!r}")
-        p = self.top_p
-        if p is not None and (isinstance(p, bool) or not isinstance(p, numbers.Real)
-                              or not math.isfinite(p) or not 0 < p <= 1):
-            raise ValueError(f"top_p must be in (0, 1] (or None), got {p!r}")
-        r = self.repetition_penalty
-        if r is not None and (isinstance(r, bool) or not isinstance(r, numbers.Real)
-                              or not math.isfinite(r) or r <= 0):
-            raise ValueError(f"repetition_penalty must be a finite number > 0 (or None), got {r!r}")
-        s = self.seed
-        if s is not None and (isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0):
-            raise ValueError(f"seed must be a non-negative integer (or None), got {s!r}")
+        norm = {"temperature": _real("temperature", self.temperature, lambda v: v >= 0,
+                                     "a finite number >= 0", zero_ok=True)}
+        if self.top_k is not None:
+            norm["top_k"] = _integer("top_k", self.top_k, 1)
+        if self.top_p is not None:
+            norm["top_p"] = _real("top_p", self.top_p, lambda v: 0 < v <= 1, "in (0, 1] (or None)")
+        if self.repetition_penalty is not None:
+            norm["repetition_penalty"] = _real("repetition_penalty", self.repetition_penalty,
+                                               lambda v: v > 0, "a finite number > 0 (or None)")
+        if self.seed is not None:
+            norm["seed"] = _integer("seed", self.seed, 0)
+        for name, value in norm.items():  # frozen: set through object
+            object.__setattr__(self, name, value)
 
 
 def log_softmax(x):
@@ -58,16 +83,23 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
-    def penalised(self, logits, context_ids):
-        """logits [V] -> float64 [V] after the repetition penalty."""
+    def _penalised(self, logits, context_ids):
+        """logits [V] -> (float64 [V] after the repetition penalty, the ids it touched)."""
         p = self.params
         x = np.asarray(logits, dtype=np.float64)
-        if p.repetition_penalty is not None and p.repetition_penalty != 1.0 and len(context_ids):
+        r = p.repetition_penalty
+        seen = None
+        if r is not None and r != 1.0 and len(context_ids):
             seen = np.unique(np.asarray(context_ids, dtype=np.int64))
             v = x[seen]
             x = x.copy()
-            x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
-        return x
+            with np.errstate(over="ignore"):  # v / r may overflow: _argmax settles that case
+                x[seen] = np.where(v > 0, v / r, v * r)
+        return x, seen
+
+    def penalised(self, logits, context_ids):
+        """logits [V] -> float64 [V] after the repetition penalty."""
+        return self._penalised(logits, context_ids)[0]
 
     def logprobs(self, logits, context_ids):
         """float64 [V] log-probabilities of the next token as OpenAI reports
@@ -75,20 +107,30 @@ class Sampler:
         temperature (1 when greedy), before top-k and top-p filtering."""
         x = self.penalised(logits, context_ids)
         if self.params.temperature > 0:
-            x = x / self.params.temperature
+            with np.errstate(over="ignore"):
+                x = x / self.params.temperature
         return log_softmax(x)
 
     def __call__(self, logits, context_ids):
         """logits [V] float32 for the next position; context_ids: the tokens so far."""
         p = self.params
-        x = self.penalised(logits, context_ids)
+        r = p.repetition_penalty
+        x, seen = self._penalised(logits, context_ids)
         if p.temperature == 0.0:
-            return int(np.argmax(x))
-        x = x / p.temperature
+            return _argmax(x, logits, seen, r)
+        with np.errstate(over="ignore"):
+            x = x / p.temperature
+        top = x.max()
+        if not math.isfinite(top):
+            # +inf: some score overflowed, and the largest is ~1e300 above the
+            # rest; -inf: every score overflowed downwards.  Either way the
+            # distribution is a point mass (NaN logits fall through to here too).
+            return _argmax(x, logits, seen, r)
         if p.top_k is not None and p.top_k < x.size:
             kth = np.partition(x, x.size - p.top_k)[x.size - p.top_k]
             x = np.where(x >= kth, x, -np.inf)
-        probs = np.exp(x - x.max())
+        with np.errstate(over="ignore"):  # x - top below -1.8e308 is -inf: probability 0
+            probs = np.exp(x - top)
         probs /= probs.sum()
         if p.top_p is not None and p.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")
@@ -100,3 +142,36 @@ class Sampler:
             probs = mask / mask.sum()
         cdf = np.cumsum(probs)
         return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), x.size - 1))
+
+
+def _argmax(scores, logits, seen, r):
+    """The token with the largest score, scores being the (penalised,
+    possibly temperature-scaled) logits; the first one among exact ties.
+
+    When the largest score overflowed (+inf, or -inf for all of them), the
+    tied ones are compared exactly: each is logit * m / temperature with
+    m = 1/r for seen positive logits, r for other seen ones and 1 for unseen
+    ones, and within one m the order is the logits' order.  NaN never wins.
+    """
+    best = int(np.argmax(scores))  # a NaN anywhere is returned here
+    if math.isfinite(scores[best]):
+        return best
+    scores = np.where(np.isnan(scores), -np.inf, scores)
+    best = int(np.argmax(scores))
+    x = np.asarray(logits, dtype=np.float64)
+    if math.isfinite(scores[best]):
+        return best
+    if np.isposinf(x).any():  # an infinite logit outranks every finite one
+        return int(np.argmax(x == np.inf))
+    tied = np.flatnonzero((scores == scores[best]) & np.isfinite(x))
+    if tied.size == 0:
+        return best
+    x = x[tied]
+    in_seen = np.isin(tied, seen) if seen is not None else np.zeros(tied.size, dtype=bool)
+    exact = []  # (exact logit * m, -token) for the best of each multiplier
+    for group, m in ((in_seen & (x > 0), 1 / Fraction(r or 1)), (in_seen & (x <= 0), Fraction(r or 1)),
+                     (~in_seen, Fraction(1))):
+        if group.any():
+            i = int(np.argmax(np.where(group, x, -np.inf)))
+            exact.append((Fraction(float(x[i])) * m, -int(tied[i])))
+    return -max(exact)[1]

@@ -2,6 +2,7 @@
 
 import os
 
+from . import _checks
 from .errors import ModelLoadError, TokenizerError
 from .model_files import TokenizerConfig, read_tokenizer_config
 
@@ -38,8 +39,7 @@ class Tokenizer:
         """text -> ids.  add_special_tokens: as a prompt, through tokenizer.json's
         post-processor, and starting with bos when add_bos_token asks for it
         (once: a post-processor may already have put it there)."""
-        if not isinstance(text, str):
-            raise ValueError(f"encode: text must be a str, got {type(text).__name__}")
+        _checks.text("encode", "text", text)
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids.insert(0, self.bos_id)

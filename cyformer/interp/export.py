@@ -9,11 +9,14 @@ nothing: inline CSS, no scripts, no external files.
 """
 
 import html
+import os
+from collections.abc import Mapping
 
 import numpy as np
 
+from .. import _checks
 from ..errors import CyformerError
-from .tokens import as_ids, display_token, token_labels  # noqa: F401 (display_token re-exported)
+from .tokens import as_ids, check_model, display_token, token_labels  # noqa: F401 (display_token re-exported)
 
 
 class PlotUnavailable(CyformerError, ImportError):
@@ -26,10 +29,10 @@ def attention_patterns(model, prompt, layers=None, heads=None):
     layers, heads: an int, a list of ints, or None (all).  Returns (tokens,
     {(layer, head): pattern [T, T]}) in layer-major order.
     """
-    cfg = model.config
-    layers = _pick("layer", layers, cfg.n_layer)
-    heads = _pick("head", heads, cfg.n_head)
-    ids = as_ids(model, prompt, "attention")
+    cfg = check_model("attention_patterns", model).config
+    layers = _pick("attention_patterns: layer", layers, cfg.n_layer)
+    heads = _pick("attention_patterns: head", heads, cfg.n_head)
+    ids = as_ids(model, prompt, "attention_patterns")
     _, cache = model.run_with_cache(ids, names=[f"blocks.{i}.attn.hook_pattern" for i in layers])
     patterns = {(i, h): cache[f"blocks.{i}.attn.hook_pattern"][h] for i in layers for h in heads}
     return token_labels(model, ids), patterns
@@ -55,9 +58,49 @@ def require_matplotlib():
         raise PlotUnavailable(_NO_MATPLOTLIB) from None
 
 
+def _check_picture(fn, path, tokens, patterns):
+    """-> (path as str, tokens as a list of str, {(layer, head): float64 [T, T]}),
+    or ValueError naming the argument that is not what the pictures need."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise ValueError(f"{fn}: path must be a str or os.PathLike, got {type(path).__name__}") from None
+    try:
+        listed = None if isinstance(tokens, (str, bytes)) else list(tokens)
+    except TypeError:
+        listed = None
+    if listed is None:
+        raise ValueError(f"{fn}: tokens must be a list of str, got {type(tokens).__name__}")
+    tokens = [_checks.text(fn, f"tokens[{i}]", t) for i, t in enumerate(listed)]
+    T = len(tokens)
+    if not isinstance(patterns, Mapping) or not patterns:
+        raise ValueError(f"{fn}: patterns must be a non-empty dict {{(layer, head): [T, T] array}}, "
+                         f"got {type(patterns).__name__}")
+    out = {}
+    for key, pat in patterns.items():
+        if (not isinstance(key, tuple) or len(key) != 2
+                or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in key)):
+            raise ValueError(f"{fn}: patterns keys must be (layer, head) pairs of ints, got {key!r}")
+        try:
+            a = np.asarray(pat, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{fn}: patterns[{key}] is not an array of numbers ({e})") from None
+        if a.shape != (T, T):
+            raise ValueError(f"{fn}: patterns[{key}] has shape {a.shape}; {T} tokens need ({T}, {T})")
+        visible = a[np.tril_indices(T)]  # the masked upper triangle is never drawn
+        if not np.isfinite(visible).all():
+            raise ValueError(f"{fn}: patterns[{key}] holds NaN or infinity where a weight is drawn")
+        out[(int(key[0]), int(key[1]))] = a
+    return path, tokens, out
+
+
 def save_png(path, tokens, patterns, dpi=110):
     """Draw the patterns ({(layer, head): [T, T]}) as a grid, layers down and
     heads across, with token labels on the axes, and write it to ``path``."""
+    path, tokens, patterns = _check_picture("save_png", path, tokens, patterns)
+    dpi = _checks.integer("save_png", "dpi", dpi)
+    if not 1 <= dpi <= 2400:
+        raise ValueError(f"save_png: dpi must be in [1, 2400], got {dpi}")
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -98,7 +141,7 @@ def save_png(path, tokens, patterns, dpi=110):
         row[0].set_ylabel("query (attending)", fontsize=8)
     fig.suptitle("attention patterns: each row is one query position's weights over the keys",
                  fontsize=10)
-    fig.savefig(path, bbox_inches="tight")
+    fig.savefig(path, format="png", bbox_inches="tight")  # PNG whatever the file is called
     return path
 
 
@@ -133,6 +176,8 @@ def save_html(path, tokens, patterns, title="cyformer attention"):
     page: a panel per head with the tokens on both axes; hovering a cell
     shows its weight.  About 50 bytes per visible cell: heads x T (T + 1) / 2
     cells in all, so pick layers or heads for long prompts."""
+    path, tokens, patterns = _check_picture("save_html", path, tokens, patterns)
+    title = _checks.text("save_html", "title", title)
     labels = [display_token(t) for t in tokens]
     esc = [html.escape(t) for t in labels]
     T = len(tokens)

@@ -18,13 +18,16 @@ c contributes
 to token t's logit, and the contributions plus b . u_t add up to the logit.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import List
 
 import numpy as np
 
+from .. import _checks
 from ..kernels import linalg, norm
-from .tokens import as_ids as _as_ids, display_token, token_labels
+from .tokens import as_ids as _as_ids, check_model, display_token, token_labels  # noqa: F401
+
 
 
 @dataclass
@@ -48,6 +51,7 @@ class LogitLens:
     def format(self, width=10):
         """A table: one row per layer, one column per position, the top-1 token
         in each cell (cut to ``width`` characters)."""
+        width = _checks.integer("LogitLens.format", "width", width)
         texts = self.input_tokens + [t[0] for row in self.tokens for t in row]
         width = max(1, min(width, max(len(display_token(t)) for t in texts)))
 
@@ -67,9 +71,9 @@ def logit_lens(model, prompt, k=5):
     """The logit lens of one sequence (a str or 1-D ids); returns a LogitLens."""
     ids = _as_ids(model, prompt, "logit_lens")
     cfg = model.config
-    if not 1 <= int(k) <= cfg.vocab_size:
+    k = _checks.integer("logit_lens", "k", k)
+    if not 1 <= k <= cfg.vocab_size:
         raise ValueError(f"logit_lens: k must be in [1, {cfg.vocab_size}], got {k}")
-    k = int(k)
     L = cfg.n_layer
     names = [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
     _, cache = model.run_with_cache(ids, names=names)
@@ -130,38 +134,69 @@ class LogitAttribution:
 
     def top(self, n=10):
         """The n components with the largest |contribution|."""
+        n = _checks.integer("LogitAttribution.top", "n", n)
+        if n < 0:
+            raise ValueError(f"LogitAttribution.top: n must be >= 0, got {n}")
         return sorted(self.items(), key=lambda kv: -abs(kv[1]))[:n]
+
+
+def _check_cache(fn, cache, shapes, embed):
+    """The entries of a caller's cache as float arrays of the expected shapes,
+    from a run of this prompt (hook_embed must be its token embeddings)."""
+    out = {}
+    for name, shape in shapes.items():
+        try:
+            a = np.asarray(cache[name], dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{fn}: cache[{name!r}] is not an array of numbers ({e})") from None
+        if a.shape != shape:
+            raise ValueError(f"{fn}: cache[{name!r}] has shape {a.shape}, not {shape}: the cache is "
+                             "not of this prompt (or has a batch axis)")
+        out[name] = a
+    if not np.array_equal(out["hook_embed"], embed):
+        raise ValueError(f"{fn}: cache is not of this prompt: its hook_embed differs from the "
+                         "prompt's token embeddings")
+    return out
 
 
 def direct_logit_attribution(model, prompt, token, position=-1, cache=None):
     """Split token's logit at ``position`` into its direct contributions.
 
     prompt: a str or 1-D ids; token: a token id (or a str that encodes to one
-    token).  ``cache`` may be a run_with_cache cache of this prompt holding
-    hook_embed, hook_pos_embed, attn.hook_result, hook_mlp_out and
-    ln_final.hook_scale/hook_normalized; otherwise those are computed.
+    token).  ``cache`` may be a run_with_cache cache of this prompt (one
+    sequence) holding hook_embed, hook_pos_embed, attn.hook_result,
+    hook_mlp_out and ln_final.hook_scale/hook_normalized; otherwise those
+    are computed.  A cache whose shapes or token embeddings are not this
+    prompt's is refused.
     """
-    ids = _as_ids(model, prompt, "direct_logit_attribution")
+    fn = "direct_logit_attribution"
+    ids = _as_ids(model, prompt, fn)
     cfg = model.config
     T, L = len(ids), cfg.n_layer
     if isinstance(token, str):
-        enc = model.encode(token)
+        enc = model.encode(_checks.text(fn, "token", token))
         if len(enc) != 1:
-            raise ValueError(f"direct_logit_attribution: {token!r} is {len(enc)} tokens, not one")
+            raise ValueError(f"{fn}: token {token!r} is {len(enc)} tokens, not one")
         token = enc[0]
-    token = int(token)
+    token = _checks.integer(fn, "token", token)
     if not 0 <= token < cfg.vocab_size:
-        raise ValueError(f"direct_logit_attribution: token {token} is outside [0, {cfg.vocab_size})")
+        raise ValueError(f"{fn}: token {token} is outside [0, {cfg.vocab_size})")
+    position = _checks.integer(fn, "position", position)
     if not -T <= position < T:
-        raise ValueError(f"direct_logit_attribution: position {position} is outside a sequence of {T}")
+        raise ValueError(f"{fn}: position {position} is outside a sequence of {T}")
     p = position % T
     learned = cfg.position == "learned"
-    names = (["hook_embed"] + (["hook_pos_embed"] if learned else [])
-             + ["ln_final.hook_scale", "ln_final.hook_normalized"]
-             + [f"blocks.{i}.attn.hook_result" for i in range(L)]
-             + [f"blocks.{i}.hook_mlp_out" for i in range(L)])
-    if cache is None or any(n not in cache for n in names):
-        _, cache = model.run_with_cache(ids, names=names)
+    C, H = cfg.n_embd, cfg.n_head
+    shapes = {"hook_embed": (T, C), **({"hook_pos_embed": (T, C)} if learned else {}),
+              "ln_final.hook_scale": (T, 1), "ln_final.hook_normalized": (T, C),
+              **{f"blocks.{i}.attn.hook_result": (T, H, C) for i in range(L)},
+              **{f"blocks.{i}.hook_mlp_out": (T, C) for i in range(L)}}
+    if cache is not None and not isinstance(cache, Mapping):
+        raise ValueError(f"{fn}: cache must be a run_with_cache cache (a mapping), got {type(cache).__name__}")
+    if cache is None or any(n not in cache for n in shapes):
+        _, cache = model.run_with_cache(ids, names=list(shapes))
+    else:
+        cache = _check_cache(fn, cache, shapes, model.float_weights.wte[ids])
     ln = model.float_weights.ln_f
     u = model.float_weights.lm_head[token].astype(np.float64)
     direction = ln.weight.astype(np.float64) * u / float(cache["ln_final.hook_scale"][p, 0])

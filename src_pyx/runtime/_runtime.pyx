@@ -11,9 +11,22 @@ cdef extern from *:
     #include <omp.h>
     static int cyf_openmp(void) { return 1; }
     static int cyf_omp_max_threads(void) { return omp_get_max_threads(); }
+    /* Ends this thread's OpenMP worker threads (they are started again by
+     * the next parallel region).  Called before fork(): libgomp has no fork
+     * handler, so a child that inherits a team of threads that no longer
+     * exist waits for them forever at its first parallel region.  Weak, so
+     * that a libgomp older than OpenMP 5.0's pause (GCC 9) still loads:
+     * -1 then, and the child runs its kernels on one thread instead. */
+    #pragma weak omp_pause_resource_all
+    static int cyf_release_threads(void) {
+        if (!omp_pause_resource_all)
+            return -1;
+        return omp_pause_resource_all(omp_pause_soft);
+    }
     #else
     static int cyf_openmp(void) { return 0; }
     static int cyf_omp_max_threads(void) { return 1; }
+    static int cyf_release_threads(void) { return 0; }
     #endif
 
     /* Highest x86-64 micro-architecture level this CPU and OS support
@@ -42,6 +55,7 @@ cdef extern from *:
     int cyf_openmp() nogil
     int cyf_omp_max_threads() nogil
     int cyf_x86_level() nogil
+    int cyf_release_threads() nogil
 
 
 def openmp_enabled():
@@ -52,6 +66,12 @@ def openmp_enabled():
 def omp_max_threads():
     """OpenMP's default team size (honours OMP_NUM_THREADS); 1 without OpenMP."""
     return cyf_omp_max_threads()
+
+
+def release_threads():
+    """End the OpenMP worker threads of the calling thread's team; 0 on
+    success.  Safe to call at any time outside a parallel region."""
+    return cyf_release_threads()
 
 
 def x86_level():
