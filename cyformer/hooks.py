@@ -141,6 +141,12 @@ def block_points(cfg, options=DEFAULT_OPTIONS):
 
 def hook_names(cfg, options=DEFAULT_OPTIONS):
     """Every hook point of a model with this config, in forward order."""
+    from .config import Config
+
+    if not isinstance(cfg, Config):
+        raise TypeError(f"hook_names: cfg must be a cyformer.Config (model.config), got {type(cfg).__name__}")
+    if not isinstance(options, HookOptions):
+        raise TypeError(f"hook_names: options must be a cyformer.hooks.HookOptions, got {type(options).__name__}")
     names = ["hook_embed"] + (["hook_pos_embed"] if cfg.position == "learned" else [])
     points = block_points(cfg, options)
     for i in range(cfg.n_layer):
@@ -287,7 +293,14 @@ class HookPoints:
         for point in self.points.values():
             for hook, _, _ in point.fwd_hooks:
                 self.hooks.setdefault(point.name, []).append(hook)
-        for item in fwd_hooks or ():
+        try:
+            items = None if isinstance(fwd_hooks, (str, bytes)) else list(fwd_hooks or ())
+        except (TypeError, ValueError):  # not iterable (an ndarray's truth value is a ValueError)
+            items = None
+        if items is None:
+            raise ValueError(f"{fn}: fwd_hooks must be a list of (name, fn) pairs, "
+                             f"got {type(fwd_hooks).__name__}")
+        for item in items:
             try:
                 target, hook = item
             except (TypeError, ValueError):

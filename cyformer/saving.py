@@ -25,13 +25,24 @@ COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", 
 
 def save(model, directory):
     """Write ``model`` (its current weight format) to ``directory``; returns the path."""
+    try:
+        return _save(model, directory)
+    except OSError as e:
+        raise CyformerError(f"save: cannot write {str(directory)[:200]!r}: {e.strerror or e}") from None
+
+
+def _save(model, directory):
     from . import __version__
     from .formats import Packed
 
     try:
         directory = os.fspath(directory)
     except TypeError:
-        raise ValueError(f"save: directory must be a str or os.PathLike, got {directory!r}") from None
+        raise ValueError(f"save: directory must be a str or os.PathLike, got {type(directory).__name__}") from None
+    if isinstance(directory, bytes):
+        directory = os.fsdecode(directory)
+    if not directory:
+        raise ValueError("save: directory must not be empty")
     src = model.path
     if src is None or not os.path.isfile(os.path.join(src, "config.json")):
         raise CyformerError("save: the model was not loaded from a directory with a config.json, "
