@@ -27,6 +27,8 @@ def save(model, directory):
     """Write ``model`` (its current weight format) to ``directory``; returns the path."""
     try:
         return _save(model, directory)
+    except UnicodeError:
+        raise ValueError("save: directory is not a valid file name (undecodable characters)") from None
     except OSError as e:
         raise CyformerError(f"save: cannot write {str(directory)[:200]!r}: {e.strerror or e}") from None
 
