@@ -41,7 +41,7 @@ MODEL = None  # inherited by forked workers; spawned ones load their own
 def digest(model):
     logits = model.forward(IDS)
     return {"forward": hashlib.sha256(logits.tobytes()).hexdigest(),
-            "generate": list(model.generate(IDS, max_new_tokens=8)),
+            "generate": list(model.generate(IDS, max_new_tokens=8, temperature=0)),
             "threads": _checks.threads("test", model.threads)}
 
 
