@@ -23,7 +23,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from run import CACHE, Cyformer, blas_threads, cpu_model, fmt, measure, read_bandwidth, settle, stat  # noqa: E402
+from run import (CACHE, Cyformer, Torch, blas_threads, cpu_model, fmt, measure, read_bandwidth,  # noqa: E402
+                 settle, stat)
 from weights import GPT2_SMALL, QWEN25_05B, SMOLLM2_135M, make_checkpoint, make_llama_checkpoint  # noqa: E402
 
 import cyformer  # noqa: E402
@@ -33,41 +34,6 @@ GEOMETRIES = {
     "SmolLM2-135M": lambda: make_llama_checkpoint(os.path.join(CACHE, "smollm2-135m-random"), **SMOLLM2_135M),
     "Qwen2.5-0.5B": lambda: make_llama_checkpoint(os.path.join(CACHE, "qwen2.5-0.5b-random"), **QWEN25_05B),
 }
-
-
-class Torch:
-    """transformers' AutoModelForCausalLM on PyTorch, float32."""
-
-    def __init__(self, path, threads):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        self.torch, self.threads, self.blas = torch, threads, threads
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.name = f"PyTorch {threads}T"
-
-    def prefill(self, ids):
-        torch = self.torch
-        torch.set_num_threads(self.threads)
-        with torch.inference_mode():
-            self.model(torch.as_tensor(ids)[None]).logits
-
-    def generate(self, ids, n):
-        import time
-
-        torch = self.torch
-        torch.set_num_threads(self.threads)
-        x = torch.as_tensor(ids)[None]
-        kw = dict(attention_mask=torch.ones_like(x), do_sample=False, eos_token_id=None,
-                  pad_token_id=0, use_cache=True)
-        with torch.inference_mode():
-            t = time.perf_counter()
-            self.model.generate(x, max_new_tokens=1, **kw)
-            t1 = time.perf_counter() - t
-            t = time.perf_counter()
-            self.model.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
-            tn = time.perf_counter() - t
-        return t1, (n - 1) / max(tn - t1, 1e-9)
 
 
 def weight_bytes(model):

@@ -26,7 +26,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from families import Torch  # noqa: E402
+from run import Torch  # noqa: E402
 from run import CACHE, _timed, cpu_model, fmt, measure, read_bandwidth, settle, stat  # noqa: E402
 from weights import GPT2_SMALL, SMOLLM2_135M, make_checkpoint, make_llama_checkpoint  # noqa: E402
 
@@ -71,7 +71,7 @@ def peak_rss(path, dtype, threads, n_new=128):
 
 
 def torch_rss(path, threads, n_new=128):
-    code = (f"import sys; sys.path.insert(0, {HERE!r})\nfrom families import Torch\n"
+    code = (f"import sys; sys.path.insert(0, {HERE!r})\nfrom run import Torch\n"
             f"Torch({path!r}, {threads}).generate(list(range(16)), {n_new})\n"
             "print(next(int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=HERE)

@@ -154,14 +154,16 @@ class Cyformer:
 
 
 class Torch:
+    """transformers' AutoModelForCausalLM on PyTorch, float32 (any family)."""
+
     def __init__(self, path, threads):
         import torch
-        from transformers import GPT2LMHeadModel
+        from transformers import AutoModelForCausalLM
 
         self.torch = torch
         self.threads = threads
         self.blas = threads
-        self.model = GPT2LMHeadModel.from_pretrained(path).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.name = f"PyTorch {threads}T"
 
     def prefill(self, ids):
