@@ -79,8 +79,9 @@ def main():
     bundled = cyformer.load()
     shutil.copy(os.path.join(bundled.path, "tokenizer.json"), model)
     path = corpus(os.path.join(a.dir, "corpus.jsonl"), bundled, a.docs, a.doc_tokens)
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             configure_logging=False)
+    from cyformer.jobs.ray_engine import init_local_ray
+
+    init_local_ray(num_cpus=2)
     configs = [("in-process, 1 thread", "local", 1, 1), ("in-process, 2 threads", "local", 1, 2),
                ("Ray, 1 worker x 2 threads", "ray", 1, 2), ("Ray, 2 workers x 1 thread", "ray", 2, 1)]
     results = {}

@@ -316,10 +316,28 @@ def test_cli_commands(tmp_path, corpus, capsys):
 def ray_cluster():
     ray = pytest.importorskip("ray")
     pytest.importorskip("ray.data")
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             configure_logging=False)
+    from cyformer.jobs.ray_engine import init_local_ray
+
+    init_local_ray(num_cpus=2)
     yield ray
     ray.shutdown()
+
+
+@pytest.mark.slow
+def test_local_ray_listens_on_loopback_only(ray_cluster):
+    psutil = pytest.importorskip("psutil")
+    import ipaddress
+
+    ray_cluster.get(ray_cluster.remote(lambda: 1).remote())  # a worker is up as well
+    me = psutil.Process()
+    pids = {me.pid} | {p.pid for p in me.children(recursive=True)}
+    listening = [c for c in psutil.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    assert len(listening) >= 3  # GCS, raylet, the driver's and the worker's core workers
+    for c in listening:
+        ip = ipaddress.ip_address(c.laddr.ip)
+        ip = getattr(ip, "ipv4_mapped", None) or ip
+        assert ip.is_loopback, f"pid {c.pid} listens on {c.laddr.ip}:{c.laddr.port}"
 
 
 @pytest.mark.slow

@@ -52,13 +52,42 @@ class _JobWorker:
                          "ok": pa.array(ok, pa.bool_()), "payload": pa.array(payload, pa.binary())})
 
 
+_LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def init_local_ray(num_cpus=None):
+    """Start a Ray cluster on this machine whose servers listen on loopback only.
+
+    Ray replaces a node address of 127.0.0.1 by the machine's routable address
+    and then binds its gRPC servers to every interface, unless it believes
+    clusters are switched off (as on macOS and Windows); saying so for the
+    time of the start keeps GCS, raylet and workers on 127.0.0.1.  The
+    processes started here inherit the setting, the caller's environment
+    is restored afterwards.
+    """
+    import ray
+    from ray._private import ray_constants
+
+    saved_env, saved_flag = os.environ.get(_LOCAL_ONLY), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_LOCAL_ONLY] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 log_to_driver=False, configure_logging=False)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(_LOCAL_ONLY, None)
+        else:
+            os.environ[_LOCAL_ONLY] = saved_env
+
+
 def _connect(address, workers, threads):
     import ray
 
     if not ray.is_initialized():
         if address is None:  # a local cluster on this machine's cores, reachable from here only
-            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-                     configure_logging=False)
+            init_local_ray()
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
     cpus = int(ray.cluster_resources().get("CPU", 0))
