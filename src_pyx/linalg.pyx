@@ -29,7 +29,7 @@ cnp.import_array()
 
 from .simd cimport (CYF_MR, CYF_NR, CYF_F32, CYF_BF16, CYF_I8, CYF_I4, CYF_GROUP, cyf_gemm_tile,
                     cyf_dot, cyf_stream_sum, cyf_gelu_new_n, cyf_gemv_rows, cyf_gemv_rows_q, cyf_dot_q,
-                    cyf_dequant_run, cyf_elem_t)
+                    cyf_dequant_run, cyf_elem_t, cyf_gemv_rows_b, cyf_dot_rows)
 from .team cimport cyf_team_size, cyf_barrier, cyf_next_item
 
 cdef enum:
@@ -243,6 +243,29 @@ cdef void _gemv_block(float* partial, const float* x, Wt W, Py_ssize_t k0, Py_ss
                     partial[j] = partial[j] + s[j] * tmp[j]
 
 
+cdef void _gemv_cols_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t ldx, Py_ssize_t B,
+                          Wt W, const float* b, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0, Py_ssize_t n1,
+                          int act, bint accumulate, float* acc) noexcept nogil:
+    # gemv_cols (float32) for B rows of x: each row of W, read once, against
+    # every row of x, so each output is that of the one-row product.  acc
+    # holds [rows, outputs] for at most GEMV_COLS floats at a time.
+    cdef Py_ssize_t a, nw, j, r0, nr, r
+    cdef Py_ssize_t rows = GEMV_COLS // GEMV_B_ROWS_T
+    r0 = 0
+    while r0 < B:
+        nr = B - r0 if B - r0 < rows else rows
+        a = n0
+        while a < n1:
+            nw = n1 - a if n1 - a < GEMV_B_ROWS_T else GEMV_B_ROWS_T
+            for j in range(nw):
+                cyf_dot_rows(x + r0 * ldx, ldx, <int>nr, <const float*>W.data + (a + j) * W.ld, K, acc + j, nw)
+            for r in range(nr):
+                _finish(out + (r0 + r) * ldo + a, acc + r * nw, b + a if b != NULL else NULL, nw, act,
+                        accumulate, NULL)
+            a += nw
+        r0 += nr
+
+
 cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N,
                     Epilogue ep, float* partials, float* acc, Team team) noexcept nogil:
     gemv_team_rows(out, N, x, K, 1, W, K, N, ep, partials, acc, team)
@@ -283,6 +306,8 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
             c1 = N if N < c0 + GEMV_T_ROWS else c0 + GEMV_T_ROWS
             if B == 1:
                 gemv_cols(out, x, W, b, K, N, c0, c1, act, accumulate, acc)
+            elif W.fmt == CYF_F32:
+                _gemv_cols_rows(out, ldo, x, ldx, B, W, b, K, N, c0, c1, act, accumulate, acc)
             else:
                 while c0 < c1:  # a few rows of W, then every row of x against them
                     e = c1 if c1 < c0 + GEMV_B_ROWS_T else c0 + GEMV_B_ROWS_T
@@ -310,8 +335,12 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
         kb = K - k0 if K - k0 < GEMV_ROWS else GEMV_ROWS
         while c0 < c1:  # the partial row stays in L1 while W streams past
             cw = c1 - c0 if c1 - c0 < maxw else maxw
-            for r in range(B):
-                _gemv_block(partials + (r * nb + blk) * N + c0, x + r * ldx, W, k0, kb, c0, cw, N, acc)
+            if B > 1 and W.fmt == CYF_F32:  # each weight vector loaded once for all rows
+                cyf_gemv_rows_b(x + k0, ldx, <int>B, <const float*>W.data + k0 * W.ld + c0, W.ld, kb, cw,
+                                partials + blk * N + c0, nb * N)
+            else:
+                for r in range(B):
+                    _gemv_block(partials + (r * nb + blk) * N + c0, x + r * ldx, W, k0, kb, c0, cw, N, acc)
             c0 += cw
         item = cyf_next_item(counter)
     cyf_barrier()

@@ -139,14 +139,19 @@ def test_step_refuses_misshapen_weights(checkpoint):
         decode.DecodeStep(cfg, w, np.zeros((cfg.n_positions, cfg.d_head // 2), np.float32))
 
 
+@pytest.mark.parametrize("model", ["bundled", "odd"])
+@pytest.mark.parametrize("n_seq", [5, 13])
 @pytest.mark.parametrize("dtype", ["float32", "int8", "int4"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_batched_step_is_bitwise_each_sequence_alone(rng, dtype, threads):
+def test_batched_step_is_bitwise_each_sequence_alone(checkpoint, rng, model, n_seq, dtype, threads):
     """Sequences at different positions, with caches of different sizes, in
-    one step: every row equals that sequence's own one-token step."""
-    be = cyformer.load(threads=threads, dtype=dtype).backend
+    one step: every row equals that sequence's own one-token step.  13
+    sequences span more than one register tile of rows at every kernel
+    level; the odd geometry has ragged column strips."""
+    path = None if model == "bundled" else checkpoint(model)[0]
+    be = cyformer.load(path, threads=threads, dtype=dtype).backend
     V = be.config.vocab_size
-    lens = [3, 17, 1, 9, 30]
+    lens = [3, 17, 1, 9, 30, 2, 5, 11, 4, 7, 1, 6, 8][:n_seq]
     alone, together = [], []
     for n in lens:
         prompt = rng.integers(0, V, size=n)
