@@ -257,8 +257,7 @@ cdef void _gemv_cols_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t
         a = n0
         while a < n1:
             nw = n1 - a if n1 - a < GEMV_B_ROWS_T else GEMV_B_ROWS_T
-            for j in range(nw):
-                cyf_dot_rows(x + r0 * ldx, ldx, <int>nr, <const float*>W.data + (a + j) * W.ld, K, acc + j, nw)
+            cyf_dot_rows(x + r0 * ldx, ldx, <int>nr, <const float*>W.data + a * W.ld, W.ld, <int>nw, K, acc, nw)
             for r in range(nr):
                 _finish(out + (r0 + r) * ldo + a, acc + r * nw, b + a if b != NULL else NULL, nw, act,
                         accumulate, NULL)

@@ -267,38 +267,65 @@ static inline void cyf_gemv_rows_b(const float *x, ptrdiff_t ldx, int nr, const 
     }
 }
 
-/* cyf_dot(x_r, w, n) for nr rows of x (ldx apart) against one row w:
- * out[r * ldo] for r < nr, each over cyf_dot's 16 lanes and tree. */
-static inline void cyf_dot_rows(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t n,
-                                float *out, ptrdiff_t ldo)
+/* The 16 lanes of a dot product, combined as cyf_dot combines them. */
+static inline float cyf_lanes_sum(cyf_v8f s0, cyf_v8f s1, const float *x, const float *w,
+                                  ptrdiff_t i, ptrdiff_t n)
+{
+    float lanes[16];
+    cyf_store8(lanes, s0);
+    cyf_store8(lanes + 8, s1);
+    for (ptrdiff_t j = 0; i < n; i++, j++)
+        lanes[j] += x[i] * w[i];
+    for (int v = 8; v >= 1; v /= 2)
+        for (int j = 0; j < v; j++)
+            lanes[j] += lanes[j + v];
+    return lanes[0];
+}
+
+/* cyf_dot(x_r, w_c, n) for nr rows of x (ldx apart) against NW (1 or 2, a
+ * constant once inlined) rows w_c (ldw apart): out[c + r * ldo], each over
+ * cyf_dot's 16 lanes and tree.  Four rows of x at a time: with two rows of
+ * w that is 16 accumulators and 12 loads per 16 multiply-adds. */
+static inline __attribute__((always_inline)) void
+cyf_dot_tile(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ldw, const int NW,
+             ptrdiff_t n, float *out, ptrdiff_t ldo)
 {
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int m = nr - r0 < 4 ? nr - r0 : 4;
         const float *xr = x + r0 * ldx;
-        cyf_v8f s0[4] = {{0}}, s1[4] = {{0}};
+        cyf_v8f s0[2][4] = {{{0}}}, s1[2][4] = {{{0}}};
         ptrdiff_t i = 0;
         for (; i + 16 <= n; i += 16) {
-            const cyf_v8f w0 = cyf_load8(w + i), w1 = cyf_load8(w + i + 8);
+#pragma GCC unroll 2
+            for (int c = 0; c < NW; c++) {
+                const cyf_v8f w0 = cyf_load8(w + c * ldw + i), w1 = cyf_load8(w + c * ldw + i + 8);
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                if (r < m) {
-                    s0[r] += cyf_load8(xr + r * ldx + i) * w0;
-                    s1[r] += cyf_load8(xr + r * ldx + i + 8) * w1;
+                for (int r = 0; r < 4; r++) {
+                    if (r < m) {
+                        s0[c][r] += cyf_load8(xr + r * ldx + i) * w0;
+                        s1[c][r] += cyf_load8(xr + r * ldx + i + 8) * w1;
+                    }
                 }
             }
         }
-        for (int r = 0; r < m; r++) {
-            float lanes[16];
-            cyf_store8(lanes, s0[r]);
-            cyf_store8(lanes + 8, s1[r]);
-            for (ptrdiff_t ii = i, j = 0; ii < n; ii++, j++)
-                lanes[j] += xr[r * ldx + ii] * w[ii];
-            for (int v = 8; v >= 1; v /= 2)
-                for (int j = 0; j < v; j++)
-                    lanes[j] += lanes[j + v];
-            out[(r0 + r) * ldo] = lanes[0];
-        }
+        for (int c = 0; c < NW; c++)
+            for (int r = 0; r < m; r++)
+                out[c + (r0 + r) * ldo] = cyf_lanes_sum(s0[c][r], s1[c][r], xr + r * ldx, w + c * ldw, i, n);
     }
+}
+
+/* cyf_dot(x_r, w_c, n) for nr rows of x against nw rows of w:
+ * out[c + r * ldo]. */
+static inline void cyf_dot_rows(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ldw,
+                                int nw, ptrdiff_t n, float *out, ptrdiff_t ldo)
+{
+    int c = 0;
+#if CYF_RB > 4  /* two rows of w need AVX-512's 32 registers */
+    for (; c + 2 <= nw; c += 2)
+        cyf_dot_tile(x, ldx, nr, w + c * ldw, ldw, 2, n, out + c, ldo);
+#endif
+    for (; c < nw; c++)
+        cyf_dot_tile(x, ldx, nr, w + c * ldw, ldw, 1, n, out + c, ldo);
 }
 
 /* ---- weights in fewer bytes ---------------------------------------------

@@ -16,8 +16,8 @@ cdef extern from "simd.h" nogil:
     # a few rows of x against one weight matrix
     void cyf_gemv_rows_b(const float* x, Py_ssize_t ldx, int nr, const float* W, Py_ssize_t ldw,
                          Py_ssize_t K, Py_ssize_t n, float* out, Py_ssize_t ldo)
-    void cyf_dot_rows(const float* x, Py_ssize_t ldx, int nr, const float* w, Py_ssize_t n, float* out,
-                      Py_ssize_t ldo)
+    void cyf_dot_rows(const float* x, Py_ssize_t ldx, int nr, const float* w, Py_ssize_t ldw, int nw,
+                      Py_ssize_t n, float* out, Py_ssize_t ldo)
     float cyf_stream_sum(const float* x, Py_ssize_t n)
     double cyf_sum_f64(const float* x, Py_ssize_t n)
     double cyf_sqdev_f64(const float* x, Py_ssize_t n, double mean)
