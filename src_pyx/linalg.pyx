@@ -305,7 +305,7 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
             c1 = N if N < c0 + GEMV_T_ROWS else c0 + GEMV_T_ROWS
             if B == 1:
                 gemv_cols(out, x, W, b, K, N, c0, c1, act, accumulate, acc)
-            elif W.fmt == CYF_F32:
+            elif W.fmt == CYF_F32 and B >= GEMV_TILE_ROWS:
                 _gemv_cols_rows(out, ldo, x, ldx, B, W, b, K, N, c0, c1, act, accumulate, acc)
             else:
                 while c0 < c1:  # a few rows of W, then every row of x against them
@@ -334,7 +334,7 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
         kb = K - k0 if K - k0 < GEMV_ROWS else GEMV_ROWS
         while c0 < c1:  # the partial row stays in L1 while W streams past
             cw = c1 - c0 if c1 - c0 < maxw else maxw
-            if B > 1 and W.fmt == CYF_F32:  # each weight vector loaded once for all rows
+            if B >= GEMV_TILE_ROWS and W.fmt == CYF_F32:  # each weight vector loaded once for all rows
                 cyf_gemv_rows_b(x + k0, ldx, <int>B, <const float*>W.data + k0 * W.ld + c0, W.ld, kb, cw,
                                 partials + blk * N + c0, nb * N)
             else:

@@ -119,56 +119,41 @@ static inline void cyf_gemv_strip(const float *x, const float *W, ptrdiff_t ldw,
  * each row segment is one contiguous run, the access pattern that streams
  * best from DRAM when W is far larger than the caches (decode).  out (n
  * floats, meant to sit in L1) is updated four rows of W at a time; every
- * element is still one k-ordered chain of multiply-adds.  The chain starts
- * with the product of the first row instead of adding it to a stored zero
- * (the same value, up to the sign of an exact zero), which saves a pass
- * that clears out. */
+ * element is still one k-ordered chain of multiply-adds, from zero. */
 static inline void cyf_gemv_rows(const float *x, const float *W, ptrdiff_t ldw,
                                  ptrdiff_t K, ptrdiff_t n, float *out)
 {
+    /* Every step is acc += s * w with the accumulator starting at zero:
+     * an add of two products (s0 * w0 + s1 * w1) would leave the compiler
+     * free to fuse either one, and cyf_gemv_rows_b must make the same
+     * choice as this function. */
+    const cyf_v8f zero = {0};
     ptrdiff_t k = 0, j;
-    if (K <= 0) {
-        for (j = 0; j < n; j++)
-            out[j] = 0.0f;
-        return;
-    }
-    /* Row 0 is a product; every later row is out += s * w with a product
-     * used once, so the compiler fuses each into one multiply-add (where
-     * the level has FMA) the same way as in cyf_gemv_rows_b. */
-    {
-        const float s = x[0];
-        for (j = 0; j + 8 <= n; j += 8)
-            cyf_store8(out + j, s * cyf_load8(W + j));
-        for (; j < n; j++)
-            out[j] = s * W[j];
-        k = 1;
-    }
-    for (; k + 4 <= K; k += 4) {
+    for (; k < K; k += 4) {
+        const ptrdiff_t m = K - k;  /* rows in this group: 4, or the last 1-3 */
         const float *w0 = W + k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
-        const float s0 = x[k], s1 = x[k + 1], s2 = x[k + 2], s3 = x[k + 3];
+        const float s0 = x[k], s1 = m > 1 ? x[k + 1] : 0, s2 = m > 2 ? x[k + 2] : 0,
+                    s3 = m > 3 ? x[k + 3] : 0;
         for (j = 0; j + 8 <= n; j += 8) {
-            cyf_v8f a = cyf_load8(out + j);
+            cyf_v8f a = k ? cyf_load8(out + j) : zero;
             a += s0 * cyf_load8(w0 + j);
-            a += s1 * cyf_load8(w1 + j);
-            a += s2 * cyf_load8(w2 + j);
-            a += s3 * cyf_load8(w3 + j);
+            if (m > 1) a += s1 * cyf_load8(w1 + j);
+            if (m > 2) a += s2 * cyf_load8(w2 + j);
+            if (m > 3) a += s3 * cyf_load8(w3 + j);
             cyf_store8(out + j, a);
         }
         for (; j < n; j++) {
-            float a = out[j];
+            float a = k ? out[j] : 0.0f;
             a += s0 * w0[j];
-            a += s1 * w1[j];
-            a += s2 * w2[j];
-            a += s3 * w3[j];
+            if (m > 1) a += s1 * w1[j];
+            if (m > 2) a += s2 * w2[j];
+            if (m > 3) a += s3 * w3[j];
             out[j] = a;
         }
     }
-    for (; k < K; k++) {
-        const float *w = W + k * ldw;
-        const float s = x[k];
+    if (K <= 0)
         for (j = 0; j < n; j++)
-            out[j] += s * w[j];
-    }
+            out[j] = 0.0f;
 }
 
 /* ---- a few rows of x against one weight matrix (batched decode) --------
@@ -183,22 +168,20 @@ static inline void cyf_gemv_rows(const float *x, const float *W, ptrdiff_t ldw,
 #endif
 
 /* out_r[j] = sum_k x_r[k] W[k, j], j < 2 * CYF_VW, for NR (a constant once
- * inlined) rows: the first product, then k-ordered multiply-adds. */
+ * inlined) rows: k-ordered multiply-adds from zero, as cyf_gemv_rows. */
 static inline __attribute__((always_inline)) void
 cyf_rows_tile(const float *x, ptrdiff_t ldx, const int NR, const float *W, ptrdiff_t ldw,
               ptrdiff_t K, float *out, ptrdiff_t ldo)
 {
     cyf_vt a0[CYF_RB], a1[CYF_RB];
-    cyf_vt w0 = cyf_load_t(W), w1 = cyf_load_t(W + CYF_VW);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
-        const float s = x[r * ldx];
-        a0[r] = s * w0;
-        a1[r] = s * w1;
+        a0[r] = (cyf_vt){0};
+        a1[r] = (cyf_vt){0};
     }
-    for (ptrdiff_t k = 1; k < K; k++) {
-        w0 = cyf_load_t(W + k * ldw);
-        w1 = cyf_load_t(W + k * ldw + CYF_VW);
+    for (ptrdiff_t k = 0; k < K; k++) {
+        const cyf_vt w0 = cyf_load_t(W + k * ldw);
+        const cyf_vt w1 = cyf_load_t(W + k * ldw + CYF_VW);
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const float s = x[r * ldx + k];
@@ -221,8 +204,8 @@ static inline void cyf_rows_col(const float *x, ptrdiff_t ldx, int nr, const flo
 {
     float a[CYF_RB];
     for (int r = 0; r < nr; r++)
-        a[r] = x[r * ldx] * W[0];
-    for (ptrdiff_t k = 1; k < K; k++) {
+        a[r] = 0.0f;
+    for (ptrdiff_t k = 0; k < K; k++) {
         const float w = W[k * ldw];
         for (int r = 0; r < nr; r++)
             a[r] += x[r * ldx + k] * w;
@@ -232,7 +215,7 @@ static inline void cyf_rows_col(const float *x, ptrdiff_t ldx, int nr, const flo
 }
 
 /* cyf_gemv_rows for nr rows of x (ldx apart) into nr rows of out (ldo
- * apart), K >= 1: out_r[j] = sum_k x_r[k] W[k * ldw + j], j < n. */
+ * apart): out_r[j] = sum_k x_r[k] W[k * ldw + j], j < n. */
 static inline void cyf_gemv_rows_b(const float *x, ptrdiff_t ldx, int nr, const float *W, ptrdiff_t ldw,
                                    ptrdiff_t K, ptrdiff_t n, float *out, ptrdiff_t ldo)
 {
