@@ -41,6 +41,12 @@ cdef enum:
     GEMM_TAIL_COLS = 256
     # Values of k per block of the transposed pack (one cache line of a row of W).
     PACK_KB = 16
+    # Fewer rows of x than this skip the packing (_gemm_direct); T * GEMM_NC
+    # floats of output tile must fit in a thread's packed-panel scratch (T <= K).
+    # GPT-2 small prefill, 2 threads, AMD EPYC, without / with packing: T = 4
+    # 38 / 56 ms, 16: 52 / 75, 32: 78 / 95, 64: 129 / 155, 96: 184 / 197 (noisy
+    # beyond that).
+    GEMM_DIRECT_ROWS = 64
 
 from .activations import ACTIVATIONS
 
@@ -376,6 +382,27 @@ cdef void _gemv(float* out, const float* x, Wt W, const float* b,
             cyf_barrier()  # the partials are reused by the next row
 
 
+cdef void _gemm_direct(float* out, const float* x, Wt W, const float* b,
+                       Py_ssize_t T, Py_ssize_t K, Py_ssize_t N,
+                       int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
+    # _gemm for a few rows of x and float32 W [K, N], without packing: with
+    # so few rows the packing was most of the work (T = 4 took as long as
+    # T = 12).  The register tile reads W's strips where they lie, and every
+    # output is the GEMM's chain (multiply-adds over k = 0..K-1 from zero),
+    # so the results are bitwise those of _gemm.
+    cdef Py_ssize_t npanel = (N + GEMM_NC - 1) // GEMM_NC
+    cdef Py_ssize_t p, n0, pw, r
+    cdef float* tile
+    with parallel(num_threads=nthreads):
+        tile = scratch + threadid() * _gemm_scratch(K)
+        for p in prange(npanel, schedule="dynamic", chunksize=1):
+            n0 = p * GEMM_NC
+            pw = N - n0 if N - n0 < GEMM_NC else GEMM_NC
+            cyf_gemv_rows_b(x, K, <int>T, <const float*>W.data + n0, W.ld, K, pw, tile, pw)
+            for r in range(T):
+                _finish(out + r * N + n0, tile + r * pw, b + n0 if b != NULL else NULL, pw, act, accumulate)
+
+
 cdef void linear(float* out, const float* x, Wt W, const float* b,
                  Py_ssize_t T, Py_ssize_t K, Py_ssize_t N,
                  int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
@@ -383,6 +410,8 @@ cdef void linear(float* out, const float* x, Wt W, const float* b,
         return
     if T < MATVEC_ROWS:
         _gemv(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
+    elif T < GEMM_DIRECT_ROWS and T <= K and W.fmt == CYF_F32 and not W.t:
+        _gemm_direct(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
     else:
         _gemm(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
 

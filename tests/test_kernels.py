@@ -55,6 +55,19 @@ def test_linear(rng, threads, T, K, N, w_t):
     assert_sum_close(out, ref2, np.abs(x) @ np.abs(W) + np.abs(ref2), K + 1)
 
 
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("K,N", [(96, 40), (768, 300), (64, 129)])
+def test_linear_rows_do_not_depend_on_how_many_from_4(rng, threads, K, N):
+    """From 4 rows on, a row of x @ W + b is the same bits whatever the number
+    of rows: the unpacked path for a few rows (_gemm_direct) and the packed
+    GEMM give every output the same chain (prefill pieces rely on it)."""
+    x, W, b = f32(rng, 80, K), f32(rng, K, N), f32(rng, N)
+    whole = linalg.linear_forward(x, W, b, threads=threads)
+    for t0, t1 in [(0, 4), (3, 20), (20, 63), (10, 80)]:
+        part = linalg.linear_forward(np.ascontiguousarray(x[t0:t1]), W, b, threads=threads)
+        assert np.array_equal(part, whole[t0:t1]), (t0, t1)
+
+
 @pytest.mark.parametrize("act", ["gelu_new", "gelu"])
 @pytest.mark.parametrize("T", [1, 9])
 def test_linear_fused_gelu(rng, act, T):
