@@ -3,6 +3,7 @@ beside PyTorch float32, in one run; and their accuracy against float32.
 
     python bench/formats.py              # GPT-2 small and SmolLM2-135M geometries, 3 repeats
     python bench/formats.py --quick      # smoke run
+    python bench/formats.py --rss        # peak RSS per format only (a minute)
 
 Speed (random weights, 2 threads by default, contenders interleaved,
 median (min-max) of the repeats): decode tokens/s after a 32-token prompt,
@@ -103,14 +104,29 @@ def logit_errors(path):
     return errs
 
 
+def rss_only(threads):
+    print(f"Peak RSS (MB) of a fresh process that loads the model and generates 128 tokens, {threads} threads")
+    print("| model | " + " | ".join(FORMATS) + " |\n|---|" + "---|" * len(FORMATS))
+    for name, make in GEOMETRIES.items():
+        rss = {d: peak_rss(make(), d, threads) for d in FORMATS}
+        f32 = rss["float32"]
+        cells = ["failed" if v is None else f"{v:.0f}" + ("" if d == "float32" or not f32 else f" ({v / f32:.2f}x)")
+                 for d, v in rss.items()]
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: short prompt, few tokens, 1 repeat")
     ap.add_argument("--reps", type=int, default=None, help="repeats (default 3, quick 1)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    ap.add_argument("--rss", action="store_true", help="only the peak RSS of a fresh process per format "
+                    "(load, generate 128 tokens) and its ratio to float32's; writes nothing")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
+    if args.rss:
+        return rss_only(args.threads)
     reps = args.reps or (1 if args.quick else 3)
     T, n_new, t = (16, 8, args.threads) if args.quick else (512, 64, args.threads)
     lines = [f"# Weight formats ({cpu_model()}, {t} threads, batch 1)", "",

@@ -80,13 +80,48 @@ class Packed:
         return dequantize(Packed(self.fmt, data, scale, (len(idx), self.shape[1]), True))
 
 
-def _outputs_last(w, transposed):
-    """w with outputs on the last axis ([K, N]) for the scale arithmetic."""
-    return w.T if transposed else w
+# Weights per conversion step.  The codes are computed in float64, as
+# rint(w / scale) always has been (a float32 quotient could round onto a
+# half and tie the other way), so a step's temporaries are 8 bytes a weight:
+# about 1 MB each here, not 300 MB for GPT-2's embedding converted whole.
+STEP = 1 << 17
+
+
+def packed_layout(fmt, shape, transposed=False):
+    """(data shape, data dtype, scale shape or None) of a [rows, cols] float
+    matrix converted to fmt (see Packed)."""
+    rows, cols = shape
+    K, N = (cols, rows) if transposed else (rows, cols)
+    if fmt == "bfloat16":
+        return tuple(shape), np.uint16, None
+    if fmt == "int8":
+        return tuple(shape), np.int8, (N,)
+    if fmt != "int4":
+        raise ValueError(f"packed_layout: format must be one of {', '.join(FORMATS[1:])}, got {fmt!r}")
+    pairs, groups = -(-K // 2), -(-K // GROUP)
+    return ((N, pairs), np.uint8, (N, groups)) if transposed else ((pairs, N), np.uint8, (groups, N))
+
+
+def empty(fmt, shape, transposed=False):
+    """A writable Packed to convert a [rows, cols] matrix into."""
+    data_shape, data_dtype, scale_shape = packed_layout(fmt, shape, transposed)
+    scale = None if scale_shape is None else np.empty(scale_shape, dtype=np.float32)
+    return Packed(fmt, np.empty(data_shape, dtype=data_dtype), scale, tuple(shape), transposed)
+
+
+def row_steps(p):
+    """(first, end) rows of the steps that convert into p: about STEP weights
+    each, whole groups of 32 when rows are inputs of an int4 matrix."""
+    rows, cols = p.shape
+    step = max(1, STEP // max(cols, 1))
+    if p.fmt == "int4" and not p.transposed:
+        step = -(-step // GROUP) * GROUP
+    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
 
 
 def quantize(w, fmt, transposed=False):
-    """float32 matrix -> Packed (or w itself for "float32")."""
+    """float32 matrix -> Packed (or w itself for "float32"), converted a step
+    of rows at a time (see ``convert``)."""
     if fmt == "float32":
         return w
     if fmt not in FORMATS:
@@ -94,40 +129,113 @@ def quantize(w, fmt, transposed=False):
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim != 2:
         raise ValueError(f"quantize: expected a matrix, got shape {w.shape}")
-    shape = tuple(w.shape)
-    if fmt == "bfloat16":
-        u = w.view(np.uint32)
-        # round to nearest, ties to even; NaN stays NaN (quiet)
-        rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-        nan = np.isnan(w)
-        if nan.any():
-            rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
-        return _frozen(Packed(fmt, rounded, None, shape, transposed))
-    x = _outputs_last(w, transposed).astype(np.float64)  # [K, N]
-    K, N = x.shape
-    if fmt == "int8":
-        amax = np.abs(x).max(axis=0)                                   # [N]
-        scale = (amax / 127.0).astype(np.float32)
-        safe = np.where(scale > 0, scale, 1).astype(np.float64)
-        q = np.clip(np.rint(x / safe), -127, 127).astype(np.int8)      # [K, N]
-        data = np.ascontiguousarray(q.T if transposed else q)
-        return _frozen(Packed(fmt, data, scale, shape, transposed))
-    ng = -(-K // GROUP)
-    pad = ng * GROUP - K
-    xp = np.concatenate([x, np.zeros((pad, N))]) if pad else x
-    g = xp.reshape(ng, GROUP, N)
-    amax = np.abs(g).max(axis=1)                                       # [ng, N]
-    scale = (amax / 7.0).astype(np.float32)
-    safe = np.where(scale > 0, scale, 1).astype(np.float64)
-    q = np.clip(np.rint(g / safe[:, None, :]), -8, 7).reshape(ng * GROUP, N)[:K + (K % 2)]
-    if K % 2 and not pad:
-        q = np.concatenate([q, np.zeros((1, N))])
-    nib = (q + 8).astype(np.uint8)                                     # [K (even), N]
-    packed = nib[0::2] | (nib[1::2] << 4)                              # [K/2, N]
-    if transposed:
-        return _frozen(Packed(fmt, np.ascontiguousarray(packed.T), np.ascontiguousarray(scale.T),
-                              shape, True))
-    return _frozen(Packed(fmt, np.ascontiguousarray(packed), scale, shape, False))
+    return convert(lambda first, end: w[first:end], fmt, w.shape, transposed)
+
+
+def convert(rows, fmt, shape, transposed=False, out=None):
+    """A [rows, cols] float32 matrix, read a step of rows at a time, -> Packed.
+
+    rows(first, end): float32 [end - first, cols], C-contiguous, for each
+    step of row_steps in order (the loader reads them from the checkpoint,
+    so the float32 matrix never exists whole); an int8 matrix with outputs
+    as columns asks for every step twice, its scales needing every row
+    first.  Temporaries are a step's.  out: a writable Packed of fmt, shape
+    and transposed to convert into (the loader's arena); ``empty`` by default.
+    """
+    if out is None:
+        out = empty(fmt, shape, transposed)
+    elif (not isinstance(out, Packed) or (out.fmt, out.shape, out.transposed) != (fmt, tuple(shape), transposed)
+          or not out.data.flags.writeable):
+        raise ValueError(f"convert: out must be a writable Packed {fmt} {tuple(shape)} "
+                         f"(transposed={transposed}), got {out!r}")
+    steps = row_steps(out)
+    if fmt == "int8" and not transposed:  # a scale per column: the maximum over every row first
+        amax = np.zeros(shape[1], dtype=np.float32)
+        for first, end in steps:
+            np.maximum(amax, np.abs(rows(first, end)).max(axis=0), out=amax)
+        out.scale[...] = _scale(amax, 127)
+    for first, end in steps:
+        _convert_step(out, rows(first, end), first)
+    return _frozen(out)
+
+
+def _convert_step(p, x, first):
+    """Convert rows first .. first + len(x) (float32 x) into the Packed p.
+
+    Where rows are int4 inputs, first starts a group of 32 (row_steps);
+    where they are int8 inputs, p.scale is already set (convert)."""
+    r = x.shape[0]
+    if p.fmt == "bfloat16":
+        p.data[first:first + r] = _bfloat16(x)
+    elif p.fmt == "int8":
+        if p.transposed:  # rows are outputs: a scale per row
+            scale = _scale(np.abs(x).max(axis=1), 127)
+            p.scale[first:first + r] = scale
+            p.data[first:first + r] = _codes(x, _divisor(scale)[:, None], -127, 127).astype(np.int8)
+        else:
+            p.data[first:first + r] = _codes(x, _divisor(p.scale)[None, :], -127, 127).astype(np.int8)
+    elif p.transposed:  # int4, rows are outputs: groups and pairs along each row
+        K = x.shape[1]
+        ng = -(-K // GROUP)
+        g = np.zeros((r, ng, GROUP))                                   # the row padded to whole groups
+        g.reshape(r, ng * GROUP)[:, :K] = x
+        scale = _scale(np.abs(g).max(axis=2), 7)                       # [r, ng]
+        q = _codes(g, _divisor(scale)[:, :, None], -8, 7, out=g).reshape(r, ng * GROUP)
+        p.scale[first:first + r] = scale
+        p.data[first:first + r] = _nibble_pairs(q[:, :2 * p.data.shape[1]], axis=1)
+    else:  # int4, rows are inputs: groups and pairs down each column
+        N = x.shape[1]
+        ng = -(-r // GROUP)
+        g = np.zeros((ng, GROUP, N))
+        g.reshape(ng * GROUP, N)[:r] = x
+        scale = _scale(np.abs(g).max(axis=1), 7)                       # [ng, N]
+        q = _codes(g, _divisor(scale)[:, None, :], -8, 7, out=g).reshape(ng * GROUP, N)
+        g0 = first // GROUP
+        p.scale[g0:g0 + ng] = scale
+        p.data[first // 2:first // 2 + -(-r // 2)] = _nibble_pairs(q[:r + r % 2], axis=0)
+
+
+def _bfloat16(x):
+    """float32 -> the top half, rounded to nearest, ties to even; NaN stays NaN (quiet)."""
+    u = x.view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return rounded
+
+
+def _scale(amax, qmax):
+    """float32 scales amax / qmax (amax: the largest |w| each scale covers)."""
+    return (amax.astype(np.float64) / qmax).astype(np.float32)
+
+
+def _divisor(scale):
+    """The scales as float64 divisors; 1 where a scale is 0 (all-zero weights) or NaN."""
+    return np.where(scale > 0, scale, 1).astype(np.float64)
+
+
+def _codes(x, divisor, lo, hi, out=None):
+    """rint(x / divisor) clipped to [lo, hi], in float64 (ties to even);
+    out: a float64 array that holds x, overwritten."""
+    q = x.astype(np.float64) if out is None else out
+    np.divide(q, divisor, out=q)
+    np.rint(q, out=q)
+    return np.clip(q, lo, hi, out=q)
+
+
+def _nibble_pairs(q, axis):
+    """int4 codes (float64, an even count along axis) -> bytes holding two:
+    code 2m in the low nibble, 2m + 1 in the high (nibble = code + 8)."""
+    nib = (q + 8).astype(np.uint8)
+    if axis == 0:
+        return nib[0::2] | (nib[1::2] << 4)
+    return nib[:, 0::2] | (nib[:, 1::2] << 4)
+
+
+def _outputs_last(w, transposed):
+    """w with outputs on the last axis ([K, N]) for the scale arithmetic."""
+    return w.T if transposed else w
 
 
 def dequantize(p):

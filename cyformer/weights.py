@@ -268,45 +268,47 @@ def _arena(nbytes):
     return buf[skip:skip + nbytes]
 
 
-def _float32_slots(shapes):
-    """One arena holding a float32 array per shape, each 64-byte aligned."""
+def _slots(specs):
+    """One arena holding an array per (shape, dtype), each 64-byte aligned."""
+    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in specs]
     offsets, end = [], 0
-    for shape in shapes:
+    for n in sizes:
         offsets.append(end)
-        end += -(-int(np.prod(shape, dtype=np.int64)) * 4 // ALIGN) * ALIGN
+        end += -(-n // ALIGN) * ALIGN
     arena = _arena(max(end, 1))
-    return [arena[o:o + int(np.prod(s, dtype=np.int64)) * 4].view(np.float32).reshape(s)
-            for o, s in zip(offsets, shapes)]
+    return [arena[o:o + n].view(dtype).reshape(shape) for o, n, (shape, dtype) in zip(offsets, sizes, specs)]
 
 
-def _read_raw(f, path, name, info: TensorInfo, data_start, out):
-    """The tensor's bytes, straight from the file into ``out``."""
+def _read_raw(f, path, name, info: TensorInfo, data_start, out, skip=0):
+    """The tensor's bytes from byte ``skip`` on, straight from the file into ``out``."""
     buf = memoryview(out.reshape(-1)).cast("B")
-    f.seek(data_start + info.begin)
+    f.seek(data_start + info.begin + skip)
     got = 0
     while got < len(buf):
         k = f.readinto(buf[got:])
         if not k:
-            raise ModelLoadError(f"{path}: tensor {name!r}: file ended after {got} of its "
-                                 f"{len(buf)} bytes (truncated while being read?)")
+            raise ModelLoadError(f"{path}: tensor {name!r}: file ended after {skip + got} of its "
+                                 f"{info.end - info.begin} bytes (truncated while being read?)")
         got += k
 
 
-def _read_tensor(f, path, name, info: TensorInfo, data_start, out):
-    """Fill the float32 array ``out`` (of info.shape) with the tensor."""
+def _read_tensor(f, path, name, info: TensorInfo, data_start, out, first=0):
+    """Fill the float32 array ``out`` with the tensor (of info.shape), or with
+    its rows first .. first + len(out)."""
+    row = int(np.prod(info.shape[1:], dtype=np.int64))
     if info.dtype == "F32" and sys.byteorder == "little":
-        _read_raw(f, path, name, info, data_start, out)
+        _read_raw(f, path, name, info, data_start, out, first * row * 4)
     elif info.dtype == "BF16":  # the top half of a float32
-        raw = np.empty(info.shape, dtype=np.uint16)
-        _read_raw(f, path, name, info, data_start, raw)
+        raw = np.empty(out.shape, dtype=np.uint16)
+        _read_raw(f, path, name, info, data_start, raw, first * row * 2)
         out.view(np.uint32)[...] = raw.astype(np.uint32) << 16
     else:  # F16, F64 (or F32 on a big-endian machine): the package converts
         from safetensors import safe_open
 
-        # One short-lived handle per tensor: the package maps the file, and
+        # One short-lived handle per read: the package maps the file, and
         # pages of a mapping that stays open would count on top of the copies.
         with safe_open(path, framework="numpy") as st:
-            arr = st.get_tensor(name)
+            arr = st.get_tensor(name) if out.shape == info.shape else st.get_slice(name)[first:first + len(out)]
         with np.errstate(over="ignore"):  # F64 beyond float32's range becomes Inf: warned later
             np.copyto(out, arr, casting="unsafe")
 
@@ -399,6 +401,7 @@ class _Checkpoint:
         files, wmap = _shard_files(path)
         self.metadata = {}
         self.files = {}
+        self.nonfinite = set()  # names already warned about
         self.where = {}  # name -> (shard path, TensorInfo, data start)
         try:
             for shard in files:
@@ -443,11 +446,46 @@ class _Checkpoint:
             raise ModelLoadError(f"{shard}: tensor {name!r} has shape {info.shape}, expected "
                                  f"{tuple(shape)} from config.json")
 
-    def read(self, name, out):
+    def read(self, name, out, first=0):
+        """The tensor into ``out``, or its rows first .. first + len(out)."""
         shard, info, data_start = self.where[name]
-        _read_tensor(self.files[shard], shard, name, info, data_start, out)
-        if not np.isfinite(out).all():
+        _read_tensor(self.files[shard], shard, name, info, data_start, out, first)
+        if name not in self.nonfinite and not np.isfinite(out).all():
+            self.nonfinite.add(name)  # once per tensor, however many pieces it is read in
             warnings.warn(f"{shard}: tensor {name!r} contains NaN or Inf")
+
+    def rows(self, name, cols):
+        """rows(first, end) -> float32 [end - first, cols]: a 2-d tensor's
+        rows, read into one buffer that each call reuses."""
+        buf = np.empty((0, cols), dtype=np.float32)
+
+        def rows(first, end):
+            nonlocal buf
+            if len(buf) < end - first:
+                buf = np.empty((end - first, cols), dtype=np.float32)
+            self.read(name, buf[:end - first], first)
+            return buf[:end - first]
+
+        return rows
+
+
+def _place(params, shapes, packed, dtype):
+    """One arena holding every parameter's arrays: float32, or for a matrix
+    converted to dtype (those in ``packed``) a formats.Packed to convert into."""
+    from .formats import Packed, packed_layout
+
+    layout = {}
+    for p in params:
+        data, data_dtype, scale = (packed_layout(dtype, shapes[p], p in TRANSPOSED) if p in packed
+                                   else (shapes[p], np.float32, None))
+        layout[p] = [(data, data_dtype)] + ([] if scale is None else [(scale, np.float32)])
+    arrays = iter(_slots([spec for p in params for spec in layout[p]]))
+    out = {}
+    for p in params:
+        mine = [next(arrays) for _ in layout[p]]
+        out[p] = (Packed(dtype, mine[0], mine[1] if len(mine) > 1 else None, tuple(shapes[p]), p in TRANSPOSED)
+                  if p in packed else mine[0])
+    return out
 
 
 def _fill(ck, src, slot):
@@ -484,9 +522,12 @@ def load_weights(path: str, cfg: Config, dtype=None, progress=None) -> Weights:
 
     Float16, bfloat16 and float64 tensors are converted to float32; integer
     tensors are refused.  NaN or Inf in a tensor is warned about.  dtype
-    (cyformer.formats): the weight matrices are converted to it one at a
-    time as they are read, so the float32 copy of the whole model never
-    exists.  progress: a callable(done, total) called per parameter.  Raises
+    (cyformer.formats): the weight matrices are converted to it as they are
+    read, so the float32 model never exists; a matrix stored as one tensor
+    in the kernel layout (every embedding, GPT-2's products) goes from the
+    file a step of rows at a time (formats.convert), and one assembled from
+    parts (Llama's [out, in] q/k/v) exists whole in float32 only while it
+    is converted.  progress: a callable(done, total) called per parameter.  Raises
     ModelLoadError naming the file and tensor for anything malformed.
     """
     try:
@@ -527,25 +568,30 @@ def _load(ck, cfg, dtype="float32", progress=None):
                       f"{_short(unexpected[:3])}")
     from safetensors import SafetensorError
 
-    from .formats import quantize
+    from .formats import convert
 
     params = {}
-    packed = [p for p in wanted if dtype != "float32" and is_matrix(p)]
+    packed = {p for p in wanted if dtype != "float32" and is_matrix(p)}
     try:
-        main = [p for p in wanted if p != "lm_head" and p not in packed]
-        slots = dict(zip(main, _float32_slots([shapes[p] for p in main])))
-        if want_lm and "lm_head" not in packed:  # its own arena: freed again when it equals wte
-            slots["lm_head"] = _float32_slots([shapes["lm_head"]])[0]
+        slots = _place([p for p in wanted if p != "lm_head"], shapes, packed, dtype)
+        if want_lm:  # its own arena: freed again when it equals wte
+            slots.update(_place(["lm_head"], shapes, packed, dtype))
         for i, p in enumerate(wanted):
-            if p in packed:  # read, convert, and let the float32 copy go
-                tmp = np.empty(shapes[p], dtype=np.float32)
-                _fill(ck, sources[p], tmp)
-                params[p] = quantize(tmp, dtype, transposed=p in TRANSPOSED)
+            src, slot, shape = sources[p], slots.pop(p), shapes[p]
+            if p not in packed:
+                _fill(ck, src, slot)
+                slot.flags.writeable = False  # shared by every generation: never written
+                params[p] = slot
+            elif len(src.parts) == 1 and not src.transpose:
+                # a step of rows at a time from the file: the float32 matrix never exists whole
+                params[p] = convert(ck.rows(src.parts[0][0], shape[1]), dtype, shape, p in TRANSPOSED,
+                                    out=slot)
+            else:  # parts side by side, or transposed: assembled in float32 first, then let go
+                tmp = np.empty(shape, dtype=np.float32)
+                _fill(ck, src, tmp)
+                params[p] = convert(lambda first, end: tmp[first:end], dtype, shape, p in TRANSPOSED,
+                                    out=slot)
                 del tmp
-            else:
-                _fill(ck, sources[p], slots[p])
-                slots[p].flags.writeable = False  # shared by every generation: never written
-                params[p] = slots[p]
             if progress is not None:
                 progress(i + 1, len(wanted))
     except SafetensorError as e:  # the header passed our checks, so this is rare
@@ -566,17 +612,12 @@ STORAGE = {"float32": ("F32", np.float32), "bfloat16": ("BF16", np.uint16), "int
 
 def stored_shapes(param, shape, fmt):
     """(data shape, scale shape or None) of a parameter saved in format fmt."""
+    from .formats import packed_layout
+
     if fmt == "float32" or not is_matrix(param):
         return shape, None
-    t = param in TRANSPOSED
-    K, N = (shape[1], shape[0]) if t else shape
-    ng = -(-K // 32)
-    if fmt == "bfloat16":
-        return shape, None
-    if fmt == "int8":
-        return shape, (N,)
-    data = (N, -(-K // 2)) if t else (-(-K // 2), N)
-    return data, ((N, ng) if t else (ng, N))
+    data, _, scale = packed_layout(fmt, shape, param in TRANSPOSED)
+    return data, scale
 
 
 def _load_saved(ck, cfg, dtype):

@@ -54,6 +54,154 @@ def test_bfloat16_rounds_to_nearest_even_and_keeps_specials():
     assert back[0, 7] == 0.0
 
 
+def _reference(w, fmt, transposed):
+    """(data, scale) of int8 / int4 by the formula, on the whole matrix in
+    float64: scale = max |w| / qmax (per output, or per output and group of
+    32 inputs) in float32, code = rint(w / scale) clipped (w / 1 where the
+    scale is 0 or NaN), int4 codes paired along the inputs as nibbles + 8."""
+    x = (w.T if transposed else w).astype(np.float64)  # [K, N]: outputs last
+    K, N = x.shape
+    if fmt == "int8":
+        scale = (np.abs(x).max(axis=0) / 127).astype(np.float32)
+        div = np.where(scale > 0, scale, 1).astype(np.float64)
+        q = np.clip(np.rint(x / div), -127, 127).astype(np.int8)
+        return (q.T if transposed else q), scale
+    ng = -(-K // 32)
+    g = np.zeros((ng * 32, N))
+    g[:K] = x
+    g = g.reshape(ng, 32, N)
+    scale = (np.abs(g).max(axis=1) / 7).astype(np.float32)                 # [ng, N]
+    div = np.where(scale > 0, scale, 1).astype(np.float64)
+    q = np.clip(np.rint(g / div[:, None]), -8, 7).reshape(ng * 32, N)[:K + K % 2]
+    nib = (q + 8).astype(np.uint8)
+    data = nib[0::2] | (nib[1::2] << 4)                                    # [K/2, N]
+    return (data.T, scale.T) if transposed else (data, scale)
+
+
+def _matrix(rng, kind, K, N, fmt):
+    """[K, N] float32 (outputs last) of a kind that tests the rounding."""
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    if kind == "ties":  # w / scale exactly k + 1/2: scale 2^-4 from the max, rint ties to even
+        qmax = 127 if fmt == "int8" else 7
+        w = ((rng.integers(-qmax, qmax, size=(K, N)) + 0.5) / 16).astype(np.float32)
+        w[::32 if fmt == "int4" else K] = qmax / 16  # each output's (int4: group's) max
+    elif kind == "zeros":  # all-zero outputs, rows and groups; negative zeros
+        w[:, ::3] = 0
+        w[1::2] = -0.0
+    elif kind == "special":  # NaN and infinities where they make whole outputs NaN
+        w.flat[rng.integers(0, w.size, size=max(1, w.size // 16))] = np.nan
+        w.flat[rng.integers(0, w.size, size=max(1, w.size // 16))] = np.inf
+        w.flat[rng.integers(0, w.size, size=max(1, w.size // 16))] = -np.inf
+    elif kind == "extremes":  # the largest and the smallest (subnormal) floats
+        w *= np.float32(3e37) if N % 2 else np.float32(1e-40)
+    return w
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "zeros", "special", "extremes"])
+@pytest.mark.parametrize("K, N", [(1, 1), (1, 40), (33, 17), (31, 5), (64, 3), (65, 9), (97, 130)])
+@pytest.mark.parametrize("step", [64, 1 << 17])
+def test_quantize_is_the_float64_formula_bitwise(rng, monkeypatch, kind, K, N, step):
+    """Converting a step of rows at a time (as few as 64 weights, groups of
+    32 rows where rows are int4 inputs) gives the codes and scales of the
+    formula on the whole matrix, bit for bit, NaN and Inf included."""
+    from cyformer import formats
+
+    monkeypatch.setattr(formats, "STEP", step)
+    for fmt in ("int8", "int4"):
+        w = _matrix(rng, kind, K, N, fmt)
+        for transposed in (False, True):
+            W = np.ascontiguousarray(w.T) if transposed else w
+            with np.errstate(invalid="ignore"):  # NaN / Inf casts and divisions, as the formula has them
+                data, scale = _reference(W, fmt, transposed)
+                p = quantize(W, fmt, transposed=transposed)
+            assert p.data.dtype == data.dtype and p.scale.dtype == np.float32
+            assert p.data.shape == data.shape and p.scale.shape == scale.shape
+            assert p.data.tobytes() == data.tobytes(), (fmt, transposed)
+            assert p.scale.tobytes() == scale.tobytes(), (fmt, transposed)
+        if kind == "ties" and K >= 32:
+            amax = np.abs(w).max(axis=0)[None, :] if fmt == "int8" else 7 / 16
+            assert (np.abs(w / (amax / (127 if fmt == "int8" else 7))) % 1 == 0.5).any()  # ties were there
+    bf_step = quantize(W, "bfloat16", transposed=True).data.tobytes()
+    monkeypatch.setattr(formats, "STEP", 1 << 30)  # bfloat16 in one step: the same bits
+    assert quantize(W, "bfloat16", transposed=True).data.tobytes() == bf_step
+
+
+@pytest.mark.parametrize("fmt", PACKED)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_quantize_temporaries_are_a_steps_not_the_matrix(rng, monkeypatch, fmt, transposed):
+    """tracemalloc's peak while converting a 4 MB matrix, less the result:
+    a few steps' float64 temporaries (8 bytes a weight; int4 steps with
+    inputs as rows are at least a group of 32), not the matrix's."""
+    import tracemalloc
+
+    from cyformer import formats
+
+    monkeypatch.setattr(formats, "STEP", 1 << 12)
+    w = rng.standard_normal((4096, 250)).astype(np.float32)
+    tracemalloc.start()
+    try:
+        p = quantize(w, fmt, transposed=transposed)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak - p.nbytes < w.nbytes / 8, f"{peak - p.nbytes} bytes of temporaries"
+
+
+def _write_gpt2(path, rng, dtype, C=64, V=16384):
+    """config.json + model.safetensors of a one-layer GPT-2 whose embedding
+    (V x C) is far larger than any other tensor."""
+    from safetensors.numpy import save_file
+
+    cfg = dict(model_type="gpt2", n_layer=1, n_embd=C, n_head=2, vocab_size=V, n_positions=8, bos_token_id=0,
+               eos_token_id=0)
+    t = {"wte.weight": rng.standard_normal((V, C)), "wpe.weight": rng.standard_normal((8, C)),
+         "ln_f.weight": np.ones(C), "ln_f.bias": np.zeros(C)}
+    for n, shape in [("ln_1.weight", (C,)), ("ln_1.bias", (C,)), ("attn.c_attn.weight", (C, 3 * C)),
+                     ("attn.c_attn.bias", (3 * C,)), ("attn.c_proj.weight", (C, C)), ("attn.c_proj.bias", (C,)),
+                     ("ln_2.weight", (C,)), ("ln_2.bias", (C,)), ("mlp.c_fc.weight", (C, 4 * C)),
+                     ("mlp.c_fc.bias", (4 * C,)), ("mlp.c_proj.weight", (4 * C, C)), ("mlp.c_proj.bias", (C,))]:
+        t["h.0." + n] = rng.standard_normal(shape) / 8
+    os.makedirs(path, exist_ok=True)
+    save_file({k: v.astype(dtype) for k, v in t.items()}, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return t
+
+
+@pytest.mark.parametrize("fmt", PACKED)
+@pytest.mark.parametrize("src_dtype", [np.float32, np.float16])
+def test_load_converts_from_the_file_a_step_at_a_time(tmp_path, rng, monkeypatch, fmt, src_dtype):
+    """The loader converts each matrix as it reads it, a step of rows at a
+    time: tracemalloc (which sees NumPy's heap, not the arena the weights
+    live in) peaks far below the float32 embedding, and the result is what
+    quantize gives on the whole float32 matrices."""
+    import tracemalloc
+
+    from cyformer import formats
+    from cyformer.config import read_config
+    from cyformer.weights import load_weights
+
+    monkeypatch.setattr(formats, "STEP", 1 << 12)
+    t = _write_gpt2(str(tmp_path), rng, src_dtype)
+    cfg = read_config(str(tmp_path / "config.json"))
+    tracemalloc.start()
+    try:
+        w = load_weights(str(tmp_path), cfg, dtype=fmt)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    wte32 = t["wte.weight"].astype(src_dtype).astype(np.float32)
+    assert peak < wte32.nbytes / 8, f"{peak} bytes traced while loading a {wte32.nbytes}-byte embedding"
+    for got, src, transposed in [(w.wte, wte32, True),
+                                 (w.blocks[0].c_fc.weight, t["h.0.mlp.c_fc.weight"], False),
+                                 (w.blocks[0].mlp_c_proj.weight, t["h.0.mlp.c_proj.weight"], False)]:
+        want = quantize(src.astype(src_dtype).astype(np.float32), fmt, transposed=transposed)
+        assert got.data.tobytes() == want.data.tobytes()
+        assert (got.scale is None) == (want.scale is None)
+        assert got.scale is None or got.scale.tobytes() == want.scale.tobytes()
+        assert not got.data.flags.writeable
+
+
 @pytest.mark.parametrize("fmt", PACKED)
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("T", [1, 2, 3, 7, 30])
