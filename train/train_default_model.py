@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import os
 import platform
 import sys
@@ -269,7 +268,7 @@ def write_card(out: Path, i: dict) -> None:
         "Held out by whole file, never seen by the tokenizer or the training loop:",
         "",
         "- the standard-library modules " + ", ".join(f"`{m}`" for m in corpus_mod.STDLIB_HELDOUT) + ";",
-        f"- every other file whose key (`stdlib/<path>` or `pypi/<package>/<path>`) hashes",
+        "- every other file whose key (`stdlib/<path>` or `pypi/<package>/<path>`) hashes",
         f"  (SHA-256, first 4 bytes mod 1000) below {corpus_mod.HELDOUT_PERMILLE}.",
         "",
         "`train/heldout.tsv` lists the held-out files with their SHA-256.",
@@ -380,7 +379,7 @@ def write_card(out: Path, i: dict) -> None:
             "",
             "## Evaluation",
             "",
-            f"`python train/evaluate.py --model <dir>` (through cyformer): bits per byte and nats per",
+            "`python train/evaluate.py --model <dir>` (through cyformer): bits per byte and nats per",
             "token over every held-out file (sliding window: context/stride in tokens), and",
             f"the share of {r['functions']} greedy completions of held-out functions (the def and",
             f"its docstring as the prompt, at most {r['max_new_tokens']} new tokens, cut where",
