@@ -18,7 +18,8 @@ def default_model_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", DEFAULT_MODEL)
 
 
-def load(path=None, *, threads=None, backend="cython", dtype=None):
+def load(path=None, *, threads=None, backend="cython", dtype=None, fold_ln=False, center_writing_weights=False,
+         center_unembed=False, fold_value_biases=False):
     """Load a GPT-2 checkpoint directory: config.json, model.safetensors and,
     when present, tokenizer.json, tokenizer_config.json (special tokens, chat
     template) and generation_config.json (eos ids, sampling defaults).  With
@@ -37,11 +38,22 @@ def load(path=None, *, threads=None, backend="cython", dtype=None):
     the directory holds (float32 for a Hugging Face checkpoint, the saved
     format for one written by Model.save).  Raises ModelLoadError naming the
     file, key or tensor that is missing or malformed.
+
+    fold_ln, center_writing_weights, center_unembed, fold_value_biases:
+    TransformerLens's weight processing (cyformer.tl.process), off by
+    default (TransformerLens's from_pretrained turns all four on); float32
+    weights only.
     """
     from .formats import check_format
+    from .tl.process import check_options, process_weights
 
     if dtype is not None:
         check_format("load", dtype)
+    processing = check_options("load", dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                            center_unembed=center_unembed, fold_value_biases=fold_value_biases))
+    if any(processing.values()) and dtype not in (None, "float32"):
+        raise ValueError(f"load: weight processing rewrites the matrices in float32; it cannot be combined "
+                         f"with dtype={dtype!r}")
     try:
         path = default_model_path() if path is None else os.fsdecode(os.fspath(path))
     except TypeError:
@@ -53,8 +65,9 @@ def load(path=None, *, threads=None, backend="cython", dtype=None):
     weights = load_weights(path, cfg, dtype=dtype, progress=_progress(cfg, dtype))
     tokenizer = load_tokenizer(path)
     generation = read_generation_config(path, cfg.vocab_size)
-    return Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend,
-                 generation_config=generation)
+    model = Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend,
+                  generation_config=generation)
+    return process_weights(model, **processing) if any(processing.values()) else model
 
 
 def _progress(cfg, dtype):
@@ -78,6 +91,6 @@ def _progress(cfg, dtype):
     return update
 
 
-def reload(path, threads, backend, dtype=None):
+def reload(path, threads, backend, dtype=None, processing=None):
     """Unpickling or copying a Model: load its directory again (Model.__reduce__)."""
-    return load(path, threads=threads, backend=backend, dtype=dtype)
+    return load(path, threads=threads, backend=backend, dtype=dtype, **(processing or {}))

@@ -20,6 +20,7 @@ from .config import Config
 from .generate import Generation, Stream
 from .model_files import DEFAULT, GenerationConfig
 from .tl.api import LensAPI
+from .tl.process import OPTIONS as PROCESSING_OPTIONS
 from .tokenizer import NoTokenizer
 from .weights import Weights
 
@@ -47,6 +48,8 @@ class Model(LensAPI):
         from .hooks import HookOptions
         self.hook_options = HookOptions()  # TransformerLens's hook flags (cyformer.tl)
         self._hook_points = None  # name -> HookPoint, made when hooks are added
+        # TransformerLens's weight processing applied (cyformer.tl.process): option -> bool
+        self.processing = dict.fromkeys(PROCESSING_OPTIONS, False)
 
     @property
     def dtype(self):
@@ -84,7 +87,8 @@ class Model(LensAPI):
             raise TypeError("a Model built from weights in memory cannot be pickled or copied: "
                             "only one loaded with cyformer.load(path) can (it is loaded again)")
         from .loader import reload
-        return reload, (os.path.abspath(self.path), self.threads, self.backend.name, self.dtype)
+        return reload, (os.path.abspath(self.path), self.threads, self.backend.name, self.dtype,
+                        dict(self.processing))
 
     def forward(self, ids):
         """Logits for every position: ids [T] -> [T, V], or [B, T] -> [B, T, V] (float32).

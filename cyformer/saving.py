@@ -45,6 +45,10 @@ def _save(model, directory):
         directory = os.fsdecode(directory)
     if not directory:
         raise ValueError("save: directory must not be empty")
+    done = [k for k, v in (getattr(model, "processing", None) or {}).items() if v]
+    if done:
+        raise CyformerError(f"save: the weights are processed for analysis ({', '.join(done)}); save the model "
+                            f"as loaded and process it after loading (cyformer.load(..., {done[0]}=True))")
     src = model.path
     if src is None or not os.path.isfile(os.path.join(src, "config.json")):
         raise CyformerError("save: the model was not loaded from a directory with a config.json, "

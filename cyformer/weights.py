@@ -107,6 +107,7 @@ class Weights:
     blocks: Tuple[BlockWeights, ...]
     ln_f: NormWeights
     lm_head: np.ndarray         # [V, C] unembedding; the same array as wte when tied
+    lm_head_bias: Optional[np.ndarray] = None  # [V] b_U: only weight processing makes one
 
     @property
     def tied(self) -> bool:

@@ -72,6 +72,7 @@ cdef struct Net:  # everything a step reads besides the layers and the cache
     const float* lnf_g
     const float* lnf_b
     Wt lm_head             # [V, C]
+    const float* lm_b      # [V] unembedding bias (weight processing), or NULL
 
 
 cdef struct Scratch:  # memory of one step
@@ -195,7 +196,7 @@ cdef void _step(const Net* net, const Layer* layers, const Seq* seqs, Py_ssize_t
             cyf_barrier()
         _norms(net.norm, x, resid, net.lnf_g, net.lnf_b, B, C, net.eps)
         team = team_of(team.tid, team.size, &counters[1])
-        gemv_team_rows(logits, net.V, x, C, B, net.lm_head, C, net.V, _ep(NULL, ACT_NONE, False), NULL,
+        gemv_team_rows(logits, net.V, x, C, B, net.lm_head, C, net.V, _ep(net.lm_b, ACT_NONE, False), NULL,
                        acc, team)
 
 
@@ -254,6 +255,9 @@ cdef class DecodeStep:
         wpe = ptr_of("wpe", weights.wpe, glob["wpe"])
         lnf_g = ptr_of("ln_f.weight", weights.ln_f.weight, glob["ln_f.weight"])
         lnf_b = ptr_of("ln_f.bias", weights.ln_f.bias, glob["ln_f.bias"])
+        lm_b = getattr(weights, "lm_head_bias", None)  # only after weight processing
+        if lm_b is not None:
+            lm_b = ptr_of("lm_head_bias", lm_b, (cfg.vocab_size,))
         half = cfg.d_head // 2
         if cfg.position == "rotary":
             cos = ptr_of("rope_cos", rope_cos, (cfg.n_positions, half))
@@ -308,6 +312,7 @@ cdef class DecodeStep:
         net.wte, net.wpe, net.lm_head = wte, cptr(wpe), lm_head
         net.rope_cos, net.rope_sin = cptr(cos), cptr(sin)
         net.lnf_g, net.lnf_b = cptr(lnf_g), cptr(lnf_b)
+        net.lm_b = cptr(lm_b)
 
     def __call__(self, token, k_cache, v_cache, past, threads=None):
         """token: the new id; k_cache [L, G, D, cap], v_cache [L, G, cap, D]

@@ -379,3 +379,110 @@ def test_torch_only_features_say_so(models):
         ours.to("cuda")
     with pytest.raises(TorchRequired):
         ours.run_with_cache(tokens)[1].to("cuda")
+
+
+# -- weight processing (fold_ln, center_writing_weights, center_unembed, fold_value_biases) --
+PROCESSING = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+WEIGHT_NAMES = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_in", "b_in", "W_out", "b_out",
+                "W_E", "W_pos", "W_U", "b_U")
+
+
+def processed_lens(path, **flags):
+    """HookedTransformer with the same weights, processed by TransformerLens."""
+    from transformers import GPT2LMHeadModel
+
+    g = GEOMETRY
+    cfg = HookedTransformerConfig(
+        n_layers=g["n_layer"], d_model=g["n_embd"], n_heads=g["n_head"], d_head=g["n_embd"] // g["n_head"],
+        d_mlp=g["n_inner"], n_ctx=g["n_positions"], d_vocab=g["vocab_size"], act_fn="gelu_new",
+        normalization_type="LNPre" if flags["fold_ln"] else "LN", eps=1e-5, positional_embedding_type="standard",
+        original_architecture="GPT2LMHeadModel", default_prepend_bos=False)
+    lens = HookedTransformer(cfg)
+    lens.load_and_process_state_dict(convert_gpt2_weights(GPT2LMHeadModel.from_pretrained(path), cfg),
+                                     refactor_factored_attn_matrices=False, **flags)
+    return lens.eval()
+
+
+@pytest.mark.parametrize("bits", range(16))
+def test_weight_processing_equals_transformer_lens(models, bits):
+    """Every combination of the four options: the processed weights are
+    TransformerLens's, the logits agree with its processed model, and the
+    log-probabilities are the unprocessed model's."""
+    flags = {name: bool(bits >> i & 1) for i, name in enumerate(PROCESSING)}
+    plain = models[0]
+    ours = cyformer.load(plain.path, threads=1, **flags)
+    lens = processed_lens(plain.path, **flags)
+    assert ours.processing == flags
+    for name in WEIGHT_NAMES:
+        np.testing.assert_allclose(getattr(ours, name), numpy(getattr(lens, name)), atol=1e-6, err_msg=name)
+    ids = np.random.default_rng(bits).integers(0, GEOMETRY["vocab_size"], 24)
+    logits = ours.forward(ids)
+    np.testing.assert_allclose(logits, numpy(lens(torch.as_tensor(ids)[None])[0]), atol=TOL)
+
+    def log_probs(x):
+        x = x.astype(np.float64)
+        return x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    np.testing.assert_allclose(log_probs(logits), log_probs(plain.forward(ids)), atol=1e-5)
+
+
+def test_processed_model_on_every_path(models, tmp_path):
+    """b_U and the folded norms reach the fused decode step, the numpy and
+    naive backends, the hooked path and the logit lens; pickling keeps the
+    processing; saving refuses it."""
+    import pickle
+
+    from cyformer.errors import CyformerError
+    from cyformer.interp import logit_lens
+
+    path = models[0].path
+    ours = cyformer.load(path, threads=2, fold_ln=True, center_writing_weights=True, center_unembed=True,
+                         fold_value_biases=True)
+    assert np.abs(ours.b_U).max() > 0  # fold_ln made an unembedding bias
+    ids = np.random.default_rng(5).integers(0, GEOMETRY["vocab_size"], 12)
+    want = ours.forward(ids)
+    for backend in ("numpy", "naive"):
+        other = cyformer.load(path, backend=backend, fold_ln=True, center_writing_weights=True,
+                              center_unembed=True, fold_value_biases=True)
+        np.testing.assert_allclose(other.forward(ids[:6] if backend == "naive" else ids),
+                                   want[:6] if backend == "naive" else want, atol=TOL)
+    logits, cache = ours.run_with_cache(ids)
+    np.testing.assert_allclose(logits, want, atol=1e-5)
+    np.testing.assert_allclose(cache["ln_final.hook_normalized"] @ ours.W_U + ours.b_U, want, atol=1e-4)
+    # greedy decoding (the fused step, with b_U) follows the forward's argmax
+    gen = ours.generate(list(ids[:5]), max_new_tokens=6, temperature=0)
+    seq = list(ids[:5])
+    for _ in range(6):
+        seq.append(int(np.argmax(ours.forward(np.array(seq))[-1])))
+    assert list(gen) == seq[5:]
+    lens = logit_lens(ours, ids)
+    assert lens.top_ids[-1, -1, 0] == int(np.argmax(want[-1]))
+    again = pickle.loads(pickle.dumps(ours))
+    assert again.processing == ours.processing
+    np.testing.assert_array_equal(again.forward(ids), want)
+    with pytest.raises(CyformerError, match="processed for analysis"):
+        ours.save(tmp_path / "processed")
+
+
+def test_weight_processing_refuses_what_it_cannot_do(models, tmp_path):
+    from cyformer.tl.process import process_weights
+    from helpers import make_hf_llama
+
+    path = models[0].path
+    with pytest.raises(TypeError, match="fold_ln must be True or False"):
+        cyformer.load(path, fold_ln="yes")
+    with pytest.raises(ValueError, match="dtype='int8'"):
+        cyformer.load(path, dtype="int8", fold_ln=True)
+    with pytest.raises(ValueError, match="float32"):
+        process_weights(cyformer.load(path, dtype="bfloat16"))
+    with pytest.raises(ValueError, match="already processed"):
+        process_weights(cyformer.load(path, fold_ln=True))
+    # RMSNorm: the gain folds, nothing is centred
+    lpath = str(tmp_path / "llama")
+    make_hf_llama(lpath, "llama", seed=1, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=61, max_position_embeddings=32)
+    with pytest.raises(ValueError, match="center_writing_weights needs LayerNorm"):
+        cyformer.load(lpath, center_writing_weights=True)
+    plain, folded = cyformer.load(lpath), cyformer.load(lpath, fold_ln=True, fold_value_biases=True)
+    ids = np.arange(1, 20)
+    np.testing.assert_allclose(folded.forward(ids), plain.forward(ids), atol=1e-4)
+    assert np.all(folded.weights.ln_f.weight == 1) and folded.weights.lm_head_bias is None

@@ -247,7 +247,8 @@ class CythonBackend:
 
     def unembed(self, x, threads, out=None, ws=None):
         """x [T, C] (after the final norm) -> logits [T, V] = x @ lm_head.T."""
-        return linalg.linear_forward(x, self.weights.lm_head, None, out=out, w_transposed=True,
+        return linalg.linear_forward(x, self.weights.lm_head, self.weights.lm_head_bias, out=out,
+                                     w_transposed=True,
                                      threads=threads, workspace=ws)
 
     def run_hooked_batch(self, batch, hooks):

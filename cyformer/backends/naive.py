@@ -334,11 +334,13 @@ class Unembedding:
     """One logit per vocabulary entry: the final state queried with that token's
     vector (lm_head, which is wte when tied)."""
 
-    def __init__(self, lm_head):
+    def __init__(self, lm_head, bias=None):
         self.queries = lm_head.tolist()  # V vectors of d_model
+        self.bias = None if bias is None else bias.tolist()  # b_U, after weight processing
 
     def apply(self, state: State):
-        return [state.query(q) for q in self.queries]
+        logits = [state.query(q) for q in self.queries]
+        return logits if self.bias is None else [a + b for a, b in zip(logits, self.bias)]
 
 
 class NaiveCache:
@@ -379,7 +381,7 @@ class NaiveBackend:
             self._model = (Embedding(w.wte, w.wpe),
                            [ResBlock(b, cfg, rotary) for b in w.blocks],
                            NORMS[cfg.norm](w.ln_f, cfg.norm_eps),  # a last norm
-                           Unembedding(w.lm_head))
+                           Unembedding(w.lm_head, w.lm_head_bias))
         return self._model
 
     def step_batch(self, tokens, caches):

@@ -238,4 +238,7 @@ class NumpyBackend:
         if last_only:
             resid = resid[-1:]                                 # [1, C]
         x = NORMS[cfg.norm](resid, w.ln_f, cfg.norm_eps)       # [T, C]
-        return np.ascontiguousarray(x @ w.lm_head.T, dtype=F32)  # [T, V]
+        logits = x @ w.lm_head.T                               # [T, V]
+        if w.lm_head_bias is not None:
+            logits = logits + w.lm_head_bias
+        return np.ascontiguousarray(logits, dtype=F32)

@@ -84,7 +84,7 @@ def logit_lens(model, prompt, k=5):
     for r, name in enumerate(names):
         x = norm.norm_forward(cfg.norm, cache[name], ln.weight, ln.bias, cfg.norm_eps,
                               threads=model.threads)
-        logits = linalg.linear_forward(x, model.weights.lm_head, None, w_transposed=True,
+        logits = linalg.linear_forward(x, model.weights.lm_head, model.weights.lm_head_bias, w_transposed=True,
                                        threads=model.threads)
         top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
         order = np.argsort(-np.take_along_axis(logits, top, axis=1), axis=1, kind="stable")
