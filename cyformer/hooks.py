@@ -115,7 +115,7 @@ class HookOptions:
         for name in ("use_attn_in", "use_split_qkv_input", "use_hook_mlp_in"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"HookOptions: {name} must be True or False, got {getattr(self, name)!r}")
-        if self.ln_normalized not in LN_NORMALIZED:
+        if not isinstance(self.ln_normalized, str) or self.ln_normalized not in LN_NORMALIZED:
             raise ValueError(f"HookOptions: ln_normalized must be one of {LN_NORMALIZED}, "
                              f"got {self.ln_normalized!r}")
 

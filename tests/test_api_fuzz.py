@@ -104,9 +104,7 @@ def entry_points(model):
             if callable(obj):
                 out.append((f"{ns_name}.{name}", obj))
     for name, fn in inspect.getmembers(cyformer.Model, inspect.isfunction):
-        # TransformerLens's surface (cyformer.tl: HookedTransformer's methods,
-        # its argument conventions) is not covered here yet
-        if not name.startswith("_") and not fn.__module__.startswith("cyformer.tl"):
+        if not name.startswith("_"):
             out.append((f"Model.{name}", getattr(model, name)))
     for cls, make in RESULT_FACTORIES.items():
         instance = make(model)

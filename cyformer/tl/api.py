@@ -110,9 +110,9 @@ class LensAPI:
         self._set_option(use_hook_mlp_in=use_hook_mlp_in)
 
     def set_use_attn_result(self, use_attn_result: bool):
-        """``attn.hook_result`` always exists here (computed only when asked for)."""
-        if not use_attn_result:
-            pass  # nothing to switch off: an unasked point costs nothing
+        """``attn.hook_result`` always exists here (computed only when asked for):
+        nothing to switch either way, an unasked point costs nothing."""
+        _flag("set_use_attn_result", "use_attn_result", use_attn_result)
 
     def set_ln_normalized(self, mode: str):
         """What ``ln*.hook_normalized`` holds: "after_gain" (the norm's output,
@@ -152,6 +152,12 @@ class LensAPI:
 
     def reset_hooks(self, clear_contexts=True, direction="both", including_permanent=False, level=None):
         """Remove the hooks added with add_hook (not permanent ones unless asked)."""
+        clear_contexts = _flag("reset_hooks", "clear_contexts", clear_contexts)
+        including_permanent = _flag("reset_hooks", "including_permanent", including_permanent)
+        if not isinstance(direction, str) or direction not in ("fwd", "bwd", "both"):
+            raise ValueError(f"reset_hooks: direction must be 'fwd', 'bwd' or 'both', got {direction!r}")
+        if level is not None:
+            level = _checks.integer("reset_hooks", "level", level)
         for point in self.hook_dict.values():
             if clear_contexts:
                 point.clear_context()
@@ -279,15 +285,19 @@ class LensAPI:
         one-token str), [..., C] for an array of ids."""
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
-        arr = np.asarray(tokens)
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"tokens_to_residual_directions: token ids must be integers, got {arr.dtype}")
-        if arr.size and (arr.min() < 0 or arr.max() >= self.config.vocab_size):
-            raise ValueError(f"tokens_to_residual_directions: token ids must be in [0, {self.config.vocab_size})")
+        arr = _as_int_array(tokens, "tokens_to_residual_directions", self.config.vocab_size)
         return self.W_U.T[arr]
 
     def accumulated_bias(self, layer, mlp_input=False, include_mlp_biases=True):
         """The biases written into the stream before ``layer``: b_O (and b_out) summed -> [C]."""
+        fn = "accumulated_bias"
+        L = self.config.n_layer
+        layer = _checks.integer(fn, "layer", layer)
+        mlp_input = _flag(fn, "mlp_input", mlp_input)
+        include_mlp_biases = _flag(fn, "include_mlp_biases", include_mlp_biases)
+        if not 0 <= layer <= (L - 1 if mlp_input else L):
+            raise ValueError(f"{fn}: layer must be in [0, {L - 1 if mlp_input else L}]"
+                             f"{' with mlp_input' if mlp_input else ''}, got {layer}")
         out = np.zeros(self.config.n_embd, np.float32)
         for i in range(layer):
             out += self.b_O[i]
@@ -306,9 +316,20 @@ class LensAPI:
         """str or list of str -> int64 ids [B, T] (a list pads with eos on
         ``padding_side``), with the bos token first when prepend_bos (as
         TransformerLens's default_prepend_bos), cut to n_ctx when truncate."""
-        texts = [input] if isinstance(input, str) else list(input)
+        if isinstance(input, str):
+            texts = [input]
+        elif isinstance(input, (list, tuple)):
+            texts = list(input)
+        else:
+            raise ValueError(f"to_tokens: input must be a str or a list of str, got {type(input).__name__}")
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise ValueError("to_tokens: input must be a str or a list of str")
+            raise ValueError("to_tokens: input must be a str or a non-empty list of str")
+        for t in texts:
+            _checks.text("to_tokens", "input", t)
+        prepend_bos = _flag("to_tokens", "prepend_bos", prepend_bos)
+        truncate = _flag("to_tokens", "truncate", truncate)
+        if not isinstance(padding_side, str) or padding_side not in ("left", "right"):
+            raise ValueError(f"to_tokens: padding_side must be 'left' or 'right', got {padding_side!r}")
         cfg = self.config
         bos = cfg.bos_token_id if cfg.bos_token_id is not None else cfg.eos_token_id
         if prepend_bos and bos is None:
@@ -331,7 +352,7 @@ class LensAPI:
 
     def to_string(self, tokens):
         """ids [T] -> str, [B, T] -> list of str."""
-        arr = _as_int_array(tokens, "to_string")
+        arr = _as_int_array(tokens, "to_string", self.config.vocab_size)
         if arr.ndim == 2:
             return [self.tokenizer.decode(row) for row in arr]
         if arr.ndim > 2:
@@ -345,7 +366,7 @@ class LensAPI:
         if isinstance(input, str):
             ids = self.to_tokens(input, prepend_bos=prepend_bos)[0]
         else:
-            ids = np.atleast_1d(_as_int_array(input, "to_str_tokens").squeeze())
+            ids = np.atleast_1d(_as_int_array(input, "to_str_tokens", self.config.vocab_size).squeeze())
             if ids.ndim != 1:
                 raise ValueError(f"to_str_tokens: ids must be [T] or [1, T], got shape {ids.shape}")
         return [self.tokenizer._tok.decode([int(i)], skip_special_tokens=False)
@@ -359,7 +380,8 @@ class LensAPI:
         return int(ids[0])
 
     def to_single_str_token(self, int_token):
-        return self.to_str_tokens(np.array([int(int_token)]))[0]
+        token = _checks.integer("to_single_str_token", "int_token", int_token)
+        return self.to_str_tokens(np.array([token]))[0]
 
     # -- what needs torch -----------------------------------------------
 
@@ -404,11 +426,17 @@ class StackedFactored:
         return np.matmul(self.A.astype(np.float64), self.B.astype(np.float64))
 
 
-def _as_int_array(tokens, fn):
-    arr = np.asarray(tokens)
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{fn}: token ids must be integers, got {arr.dtype}")
-    return arr.astype(np.int64)
+def _as_int_array(tokens, fn, vocab_size):
+    """Token ids of any shape as int64, each in [0, vocab_size)."""
+    if isinstance(tokens, (str, bytes)):
+        raise ValueError(f"{fn}: expected token ids, got {type(tokens).__name__}")
+    return _checks.token_ids(fn, "tokens", tokens, vocab_size)
+
+
+def _flag(fn, name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{fn}: {name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 # -- running --------------------------------------------------------------
