@@ -251,16 +251,18 @@ class Scheduler:
                 self.counts["prefilled_tokens"] += n
                 if seq.pending.size:
                     continue
-                self._remember(seq)
+                kv = seq.kv  # _push may retire the sequence (and drop seq.kv)
                 self._push(seq, logits)
+                # after the first token is out: copying the prompt's keys and values
+                # into the prefix cache is not the caller's wait
+                self._remember(seq.stream.generation.prompt_ids, kv)
             except Exception as e:  # noqa: BLE001
                 self._fail(seq, e)
 
-    def _remember(self, seq):
+    def _remember(self, ids, kv):
         """Offer a prefilled prompt's keys and values to the prefix cache."""
-        ids = seq.stream.generation.prompt_ids
-        if self.prefix_cache is not None and isinstance(seq.kv, KVCache) and ids.size >= self.exact:
-            self.prefix_cache.store(ids, seq.kv)
+        if self.prefix_cache is not None and isinstance(kv, KVCache) and ids.size >= self.exact:
+            self.prefix_cache.store(ids, kv)
 
     def _decode(self, seqs):
         seqs = [s for s in seqs if s in self.active and s.stream.decoding.next_token is not None]
