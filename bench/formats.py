@@ -137,10 +137,10 @@ def main(argv=None):
         path = make()
         cs = [Cy(path, t, d) for d in FORMATS]
         if not args.no_torch:
-            cs.append(Torch(path, t))
+            cs += [Torch(path, t), Torch(path, t, "bfloat16")]
         ids = np.random.default_rng(0).integers(0, 1000, size=T)
-        nbytes = {c.name: weight_bytes(c.model) if isinstance(c, Cy) else weight_bytes(cs[0].model)
-                  for c in cs}
+        nbytes = {c.name: weight_bytes(c.model) if isinstance(c, Cy)
+                  else weight_bytes(cs[0].model) // (2 if "bfloat16" in c.name else 1) for c in cs}
 
         def prefill(c):
             settle()
@@ -165,7 +165,7 @@ def main(argv=None):
             r = res[c.name]
             gbs = [tps * nbytes[c.name] / 1e9 for tps in r["decode_tps"]]
             share = stat([g / b for g, b in zip(gbs, r["read_gbs"])])[0]
-            key = c.name.split()[-1] if isinstance(c, Cy) else "PyTorch"
+            key = c.name.split()[-1] if isinstance(c, Cy) else "PyTorch" if c.name.count(" ") == 1 else None
             r_rss = rss.get(key)
             lines.append(
                 f"| {c.name} | {fmt(r['decode_tps'])} | {stat(r['decode_tps'])[0] / stat(f32['decode_tps'])[0]:.2f}x | "

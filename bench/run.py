@@ -154,17 +154,18 @@ class Cyformer:
 
 
 class Torch:
-    """transformers' AutoModelForCausalLM on PyTorch, float32 (any family)."""
+    """transformers' AutoModelForCausalLM on PyTorch (any family), float32 or
+    bfloat16 (weights and activations, PyTorch's own CPU kernels)."""
 
-    def __init__(self, path, threads):
+    def __init__(self, path, threads, dtype="float32"):
         import torch
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
         self.threads = threads
         self.blas = threads
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.name = f"PyTorch {threads}T"
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        self.name = f"PyTorch {threads}T" if dtype == "float32" else f"PyTorch {dtype} {threads}T"
 
     def prefill(self, ids):
         torch = self.torch
