@@ -29,7 +29,7 @@ cnp.import_array()
 
 from .simd cimport (CYF_MR, CYF_NR, CYF_F32, CYF_BF16, CYF_I8, CYF_I4, CYF_GROUP, cyf_gemm_tile,
                     cyf_dot, cyf_stream_sum, cyf_gelu_new_n, cyf_gemv_rows, cyf_gemv_rows_q, cyf_dot_q,
-                    cyf_dequant_run, cyf_elem_t, cyf_gemv_rows_b, cyf_dot_rows)
+                    cyf_dot_q4, cyf_dequant_run, cyf_elem_t, cyf_gemv_rows_b, cyf_dot_rows)
 from .team cimport cyf_team_size, cyf_barrier, cyf_next_item
 
 cdef enum:
@@ -202,22 +202,16 @@ cdef void gemv_cols(float* out, const float* x, Wt W, const float* b,
                     Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0, Py_ssize_t n1,
                     int act, bint accumulate, float* acc) noexcept nogil:
     # Outputs n0 .. n1-1 of x @ W.T for W [N, K]: one contiguous dot product
-    # per output, so the range is one contiguous run of W.  int4: one dot
-    # product per group of CYF_GROUP inputs, scaled, summed in group order.
-    cdef Py_ssize_t a = n0, nw, j, g, ng = (K + CYF_GROUP - 1) // CYF_GROUP, kg
-    cdef float v
+    # per output, so the range is one contiguous run of W.  int4: the
+    # groups' scaled lanes summed into one set of lanes (cyf_dot_q4).
+    cdef Py_ssize_t a = n0, nw, j, ng = (K + CYF_GROUP - 1) // CYF_GROUP
     while a < n1:
         nw = n1 - a if n1 - a < GEMV_COLS else GEMV_COLS
         for j in range(nw):
             if W.fmt == CYF_F32:
                 acc[j] = cyf_dot(x, <const float*>W.data + (a + j) * W.ld, K)
             elif W.fmt == CYF_I4:
-                v = 0.0
-                for g in range(ng):
-                    kg = K - g * CYF_GROUP if K - g * CYF_GROUP < CYF_GROUP else CYF_GROUP
-                    v = v + W.scale[(a + j) * ng + g] * cyf_dot_q(x + g * CYF_GROUP, W.data, W.fmt, W.ld,
-                                                                  a + j, g * CYF_GROUP, kg)
-                acc[j] = v
+                acc[j] = cyf_dot_q4(x, W.data, W.ld, a + j, W.scale + (a + j) * ng, K)
             else:
                 acc[j] = cyf_dot_q(x, W.data, W.fmt, W.ld, a + j, 0, K)
         _finish(out + a, acc, b + a if b != NULL else NULL, nw, act, accumulate,

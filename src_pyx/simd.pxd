@@ -35,6 +35,8 @@ cdef extern from "simd.h" nogil:
                          Py_ssize_t j0, Py_ssize_t K, Py_ssize_t n, float* out)
     float cyf_dot_q(const float* x, const void* W, int fmt, Py_ssize_t ld, Py_ssize_t n,
                     Py_ssize_t k0, Py_ssize_t K)
+    float cyf_dot_q4(const float* x, const void* W, Py_ssize_t ld, Py_ssize_t n, const float* scale,
+                     Py_ssize_t K)
     float cyf_elem_t(const void* W, int fmt, Py_ssize_t ld, Py_ssize_t n, Py_ssize_t k)
     void cyf_dequant_run(const void* W, int fmt, Py_ssize_t ld, const float* scale, Py_ssize_t N,
                          Py_ssize_t k, Py_ssize_t n, Py_ssize_t cnt, float* dst)
