@@ -53,7 +53,7 @@ def test_bundled_model_samples_by_default(model):
 
 def test_truncate_keeps_the_end(model):
     n = model.config.n_positions
-    ids = model.encode("x = 1\n" * 200)
+    ids = model.encode("x = 1\n" * 600)
     assert len(ids) > n
     with pytest.raises(ValueError, match="truncate=True"):
         model.generate(ids, max_new_tokens=4)
@@ -67,7 +67,7 @@ def test_truncate_keeps_the_end(model):
 
 
 def test_cli_truncate(model):
-    prompt = "x = 1\n" * 200
+    prompt = "x = 1\n" * 600
     r = run("generate", prompt, "-n", "3", "-t", "0")
     assert r.returncode == 1 and "--truncate" in r.stderr
     r = run("generate", prompt, "-n", "3", "-t", "0", "--truncate", "--no-prompt")

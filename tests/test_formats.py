@@ -8,7 +8,6 @@ equality across thread counts and between the fused decode step and the
 per-op path; saving and loading back without conversion; bad saved files.
 """
 
-import hashlib
 import json
 import os
 import sysconfig
@@ -255,24 +254,21 @@ def test_packed_arguments_are_checked(rng):
 
 # -- whole models -------------------------------------------------------------
 
+HELDOUT = os.path.join(os.path.dirname(__file__), os.pardir, "train", "heldout.tsv")
+
+
 def held_out_ids(model, n=3072):
-    """Token ids of standard-library files the bundled model never trained on
-    (its validation split: train/train_default_model.py, SHA-256 of the path)."""
+    """Token ids of held-out standard-library modules: whole files the bundled
+    model never saw in training (train/heldout.tsv, train/corpus.py)."""
     root = sysconfig.get_paths()["stdlib"]
-    files = []
-    for d, _, names in os.walk(root):
-        if "site-packages" in d:
-            continue
-        for f in names:
-            rel = os.path.relpath(os.path.join(d, f), root)
-            if f.endswith(".py") and int.from_bytes(hashlib.sha256(rel.encode()).digest()[:4], "big") % 1000 < 20:
-                files.append(rel)
     text = ""
-    for rel in sorted(files):
-        if len(text) > 4 * n:
-            break
-        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
-            text += f.read()
+    with open(HELDOUT, encoding="utf-8") as listing:
+        for line in listing:
+            key = line.split("\t", 1)[0]
+            if not key.startswith("stdlib/") or len(text) > 4 * n:
+                continue
+            with open(os.path.join(root, key[len("stdlib/"):]), encoding="utf-8") as f:
+                text += f.read()
     return np.array(model.encode(text)[:n])
 
 

@@ -34,10 +34,10 @@ def write_jsonl(path, texts, extra=None):
 
 @pytest.fixture
 def corpus(tmp_path):
-    """13 documents, two of them longer than the bundled model's 256-token context."""
+    """13 documents, two of them longer than the bundled model's context."""
     texts = [_doc(i, 1 + i % 4) for i in range(13)]
-    texts[4] = _doc(4, 30)
-    texts[9] = _doc(9, 45)
+    texts[4] = _doc(4, 70)
+    texts[9] = _doc(9, 110)
     return write_jsonl(tmp_path / "c.jsonl", texts)
 
 
@@ -266,7 +266,7 @@ def test_collect_refuses_what_it_cannot_store(model, tmp_path, corpus):
 # -- generate ------------------------------------------------------------------------
 
 def test_generate_with_per_row_parameters(model, tmp_path):
-    prompts = ["def add(a, b):", "import ", "class A:", "x = ", "y = " * 300, "for i in"]
+    prompts = ["def add(a, b):", "import ", "class A:", "x = ", "y = " * 1500, "for i in"]
     extra = {1: {"temperature": 0.9, "top_k": 20, "seed": 5}, 2: {"max_new_tokens": 3},
              3: {"temperature": -1}, 5: {"temperature": 0.7}}
     path = str(tmp_path / "p.jsonl")
