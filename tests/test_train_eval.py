@@ -109,16 +109,17 @@ def test_cleaning_and_normalisation():
 # -- the code check's parts ----------------------------------------------------
 
 def test_cut_function_and_parses():
-    prompt = '    def area(self):\n        """The area."""\n'
-    completion = "        return self.w * self.h\n\n    def perimeter(self):\n        return 0\n"
+    prompt = '    def area(self):\n        """The area."""'
+    completion = "\n        return self.w * self.h\n\n    def perimeter(self):\n        return 0\n"
     body, finished = evaluate.cut_function(completion, indent=4)
-    assert finished and body == "        return self.w * self.h\n\n"
+    assert finished and body == "\n        return self.w * self.h\n\n"
     assert evaluate.parses(prompt + body)
     # never dedents: kept whole, cut mid-line -> no parse
-    body, finished = evaluate.cut_function("        return foo(1,\n        2", indent=4)
+    body, finished = evaluate.cut_function("\n        return foo(1,\n        2", indent=4)
     assert not finished and not evaluate.parses(prompt + body)
-    # a docstring alone is no function body
+    # a docstring alone is no function body, nor is a docstring followed by more strings
     assert not evaluate.parses(prompt)
+    assert not evaluate.parses(prompt + '\n        """\n        """\n')
     # a last line that may continue is not taken as the dedent
     assert evaluate.cut_function("        x = 1\n    ", indent=4) == ("        x = 1\n    ", False)
 
@@ -131,7 +132,8 @@ def test_function_prompts_are_deterministic():
     got = evaluate.function_prompts([("stdlib/t.py", "hash-split", text)], limit=10)
     assert sorted(p["qualname"] for p in got) == ["C.b", "a"]
     b = next(p for p in got if p["qualname"] == "C.b")
-    assert b["prompt"] == '    @staticmethod\n    def b():\n        """Doc b."""\n' and b["indent"] == 4
+    # ends at the closing quotes: the newline belongs to the completion's first token
+    assert b["prompt"] == '    @staticmethod\n    def b():\n        """Doc b."""' and b["indent"] == 4
     order = [hashlib.sha256(f"stdlib/t.py:{p['qualname']}:{p['line']}".encode()).hexdigest() for p in got]
     assert order == sorted(order)
 
@@ -211,7 +213,7 @@ def test_evaluate_matches_a_recomputation(tmp_path):
     assert sorted(c["qualname"] for c in r["completions"]) == ["Counter.bump", "hypot"]
     assert r["parsed"] == sum(c["parses"] for c in r["completions"])
     assert f"**{r['bits_per_byte']:.4f}**" in stdout
-    assert f"{r['parsed']}/2 greedy completions parse" in stdout
+    assert f"{r['parsed']}/2 greedy completions end and parse" in stdout
 
     model = cyformer.load(threads=1)
     ids = [model.config.bos_token_id] + list(model.encode(text))
@@ -226,7 +228,7 @@ def test_evaluate_matches_a_recomputation(tmp_path):
         new = model.generate([model.config.bos_token_id] + list(model.encode(c["prompt"])), max_new_tokens=24,
                              temperature=0, top_k=None, top_p=None, repetition_penalty=None)
         assert model.decode(new).startswith(c["completion"])
-        assert c["parses"] == evaluate.parses(c["prompt"] + c["completion"])
+        assert c["parses"] == (c["finished"] and evaluate.parses(c["prompt"] + c["completion"]))
 
 
 def test_evaluate_refuses_a_changed_file(tmp_path):

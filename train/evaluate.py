@@ -18,12 +18,17 @@ Runs through cyformer (no torch) and reports:
   files (every ``def`` whose body is a docstring and at least one more
   statement, prompt at most ``MAX_PROMPT_BYTES``), chosen by the SHA-256 of
   ``key:qualname:line``.  The prompt is the source from the def (or its first
-  decorator) to the end of the docstring; greedy completion (temperature 0,
+  decorator) to the docstring's closing quotes (without the newline after
+  them, which the tokenizer merges with the next line's indentation);
+  greedy completion (temperature 0,
   no repetition penalty) of at most ``--max-new-tokens`` tokens, cut before
   the first non-blank line indented no deeper than the def.  It *parses* when
-  ``ast.parse`` accepts the dedented prompt + completion and the function
-  has a statement after its docstring.  A completion that never returns to
-  the def's indentation is kept whole (usually cut mid-line: no parse).
+  the function ended within the budget (its indentation returned, or the
+  model stopped), ``ast.parse`` accepts the dedented prompt + completion, and
+  the function has a statement after its docstring that is not a bare
+  string.  A completion that runs to the budget counts as not parsing even
+  when the text so far happens to be valid: a loop of one statement
+  repeated, or of lines of three quotes, is valid Python but no function.
 
 The held-out files come from ``train/heldout.tsv`` (written by
 fetch_corpus.py) and are checked against its SHA-256; the package files need
@@ -186,9 +191,11 @@ def function_prompts(files, limit=30):
             if len(body) < 2 or ast.get_docstring(node, clean=False) is None:
                 continue
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            prompt = "".join(lines[first - 1:body[0].end_lineno])
-            if not prompt.endswith("\n"):
-                prompt += "\n"
+            # Up to the docstring's closing quotes, not the newline after
+            # them: byte-level BPE joins that newline with the next line's
+            # indentation, so a prompt ending in a bare newline leaves the
+            # model a token that, in training, starts an unindented line.
+            prompt = "".join(lines[first - 1:body[0].end_lineno]).rstrip("\n")
             if len(prompt.encode("utf-8")) > MAX_PROMPT_BYTES:
                 continue
             indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip())
@@ -212,13 +219,17 @@ def cut_function(completion: str, indent: int):
 
 
 def parses(source: str) -> bool:
-    """ast accepts the dedented source and its first def has code after the docstring."""
+    """ast accepts the dedented source and its first def has a statement after
+    the docstring that is not a bare string."""
     try:
         tree = ast.parse(textwrap.dedent(source))
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return False
     fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
-    return fn is not None and len(fn.body) >= 2
+    if fn is None:
+        return False
+    return any(not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+                    and isinstance(st.value.value, str)) for st in fn.body[1:])
 
 
 def code_check(model, prompts, max_new_tokens):
@@ -231,7 +242,8 @@ def code_check(model, prompts, max_new_tokens):
         completion = model.decode([t for t in new if t != start])
         body, finished = cut_function(completion, p["indent"])
         finished = finished or getattr(new, "finish_reason", None) == "eos"
-        results.append(dict(p, completion=body, finished=finished, parses=parses(p["prompt"] + body)))
+        results.append(dict(p, completion=body, finished=finished,
+                            parses=finished and parses(p["prompt"] + body)))
     return results
 
 
@@ -309,9 +321,9 @@ def format_report(r) -> str:
     lines.append(f"| {t['files']} | **all** | {t['bytes']:,} | {t['tokens']:,} | "
                  f"**{t['nats_per_token']:.4f}** | **{t['bits_per_byte']:.4f}** |")
     if r["functions"]:
-        lines += ["", f"code check: {r['parsed']}/{r['functions']} greedy completions parse "
-                      f"({100 * r['parse_share']:.1f}%); {r['finished']} returned to the def's indentation "
-                      f"within {r['max_new_tokens']} tokens"]
+        lines += ["", f"code check: {r['parsed']}/{r['functions']} greedy completions end and parse "
+                      f"({100 * r['parse_share']:.1f}%); {r['finished']} of {r['functions']} ended (returned to "
+                      f"the def's indentation) within {r['max_new_tokens']} tokens"]
     return "\n".join(lines)
 
 

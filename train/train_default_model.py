@@ -383,8 +383,8 @@ def write_card(out: Path, i: dict) -> None:
             "token over every held-out file (sliding window: context/stride in tokens), and",
             f"the share of {r['functions']} greedy completions of held-out functions (the def and",
             f"its docstring as the prompt, at most {r['max_new_tokens']} new tokens, cut where",
-            "the indentation returns to the def's) that `ast.parse` accepts with a",
-            "statement after the docstring.",
+            "the indentation returns to the def's) that end within that budget and that",
+            "`ast.parse` accepts with a statement after the docstring that is not a bare string.",
             "",
             "| model | parameters | context/stride | bits/byte: stdlib modules | hash split | **all** "
             "| nats/token | functions that parse |",
