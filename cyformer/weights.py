@@ -473,18 +473,19 @@ class _Checkpoint:
 def _place(params, shapes, packed, dtype):
     """One arena holding every parameter's arrays: float32, or for a matrix
     converted to dtype (those in ``packed``) a formats.Packed to convert into."""
-    from .formats import Packed, packed_layout
+    from .formats import Packed, matrix_format, packed_layout
 
     layout = {}
     for p in params:
-        data, data_dtype, scale = (packed_layout(dtype, shapes[p], p in TRANSPOSED) if p in packed
-                                   else (shapes[p], np.float32, None))
+        data, data_dtype, scale = (packed_layout(matrix_format(dtype, p in TRANSPOSED), shapes[p], p in TRANSPOSED)
+                                   if p in packed else (shapes[p], np.float32, None))
         layout[p] = [(data, data_dtype)] + ([] if scale is None else [(scale, np.float32)])
     arrays = iter(_slots([spec for p in params for spec in layout[p]]))
     out = {}
     for p in params:
         mine = [next(arrays) for _ in layout[p]]
-        out[p] = (Packed(dtype, mine[0], mine[1] if len(mine) > 1 else None, tuple(shapes[p]), p in TRANSPOSED)
+        out[p] = (Packed(matrix_format(dtype, p in TRANSPOSED), mine[0], mine[1] if len(mine) > 1 else None,
+                         tuple(shapes[p]), p in TRANSPOSED)
                   if p in packed else mine[0])
     return out
 
@@ -585,12 +586,12 @@ def _load(ck, cfg, dtype="float32", progress=None):
                 params[p] = slot
             elif len(src.parts) == 1 and not src.transpose:
                 # a step of rows at a time from the file: the float32 matrix never exists whole
-                params[p] = convert(ck.rows(src.parts[0][0], shape[1]), dtype, shape, p in TRANSPOSED,
+                params[p] = convert(ck.rows(src.parts[0][0], shape[1]), slot.fmt, shape, p in TRANSPOSED,
                                     out=slot)
             else:  # parts side by side, or transposed: assembled in float32 first, then let go
                 tmp = np.empty(shape, dtype=np.float32)
                 _fill(ck, src, tmp)
-                params[p] = convert(lambda first, end: tmp[first:end], dtype, shape, p in TRANSPOSED,
+                params[p] = convert(lambda first, end: tmp[first:end], slot.fmt, shape, p in TRANSPOSED,
                                     out=slot)
                 del tmp
             if progress is not None:
@@ -613,17 +614,17 @@ STORAGE = {"float32": ("F32", np.float32), "bfloat16": ("BF16", np.uint16), "int
 
 def stored_shapes(param, shape, fmt):
     """(data shape, scale shape or None) of a parameter saved in format fmt."""
-    from .formats import packed_layout
+    from .formats import matrix_format, packed_layout
 
     if fmt == "float32" or not is_matrix(param):
         return shape, None
-    data, _, scale = packed_layout(fmt, shape, param in TRANSPOSED)
+    data, _, scale = packed_layout(matrix_format(fmt, param in TRANSPOSED), shape, param in TRANSPOSED)
     return data, scale
 
 
 def _load_saved(ck, cfg, dtype):
     """A model written by Model.save(): memory-mapped, nothing converted."""
-    from .formats import FORMATS, Packed
+    from .formats import FORMATS, Packed, matrix_format
 
     meta = ck.metadata
     fmt = meta.get(SAVED_FORMAT_KEY)
@@ -646,7 +647,8 @@ def _load_saved(ck, cfg, dtype):
         if name not in ck.where:
             raise ModelLoadError(f"{ck.path}: missing tensor {name!r} (a {fmt} model saved by cyformer)")
         shard, info, data_start = ck.where[name]
-        tag, np_dtype = STORAGE[fmt] if name.endswith(".weight") or name in TRANSPOSED else STORAGE["float32"]
+        tag, np_dtype = (STORAGE[matrix_format(fmt, name in TRANSPOSED)]
+                         if name.endswith(".weight") or name in TRANSPOSED else STORAGE["float32"])
         if name.endswith(".scale"):
             tag, np_dtype = STORAGE["float32"]
         if info.dtype != tag or info.shape != tuple(want_shape):
@@ -675,7 +677,7 @@ def _load_saved(ck, cfg, dtype):
         scale = mapped(p + ".scale", scale_shape) if scale_shape is not None else None
         if scale is not None and not np.isfinite(scale).all():
             raise ModelLoadError(f"{ck.path}: tensor {p + '.scale'!r} holds NaN or Inf")
-        params[p] = Packed(fmt, data, scale, tuple(shape), p in TRANSPOSED)
+        params[p] = Packed(matrix_format(fmt, p in TRANSPOSED), data, scale, tuple(shape), p in TRANSPOSED)
     return Weights.from_params(cfg, params)
 
 
