@@ -3,8 +3,9 @@
 # # Generation and sampling
 #
 # Everything here runs on the model that ships inside the wheel: a 4.3M-parameter
-# GPT-2 trained on the Python standard library, 4 layers, 4 heads, a context of
-# 256 tokens and a byte-level BPE vocabulary of 4096 tokens. It is tiny, so it
+# GPT-2 trained on Python source (the standard library and 60 PyPI packages),
+# 4 layers, 4 heads, a context of 512 tokens and a byte-level BPE vocabulary of
+# 4096 tokens. It is tiny, so it
 # writes Python-*looking* text; what matters here is how generation works.
 
 # %%
