@@ -10,8 +10,8 @@ median (min-max) of the repeats): decode tokens/s after a 32-token prompt,
 prefill of 512 tokens, bytes of weights read per decoded token and the GB/s
 that makes, beside a streaming-read probe taken right before each decode;
 peak RSS of a fresh process that loads the model and generates 128 tokens.
-Accuracy: on the bundled model over held-out standard-library code (its
-validation split), perplexity and top-1 agreement with float32; on the
+Accuracy: on the bundled model over held-out standard-library modules
+(train/heldout.tsv), perplexity and top-1 agreement with float32; on the
 random geometries, max and mean |logit - float32 logit| over 256 tokens.
 Writes bench/results/<date>-formats-<cpu>.md.
 """
@@ -181,7 +181,7 @@ def main(argv=None):
         del cs
     if not args.quick:
         acc, n = accuracy()
-        lines += [f"## Accuracy on held-out code (bundled model, {n} tokens of its validation split)", "",
+        lines += [f"## Accuracy on held-out code (bundled model, {n} tokens of its held-out standard-library modules)", "",
                   "| format | perplexity | vs float32 | top-1 agreement with float32 |", "|---|---|---|---|"]
         p32 = acc["float32"][0]
         lines += [f"| {d} | {p:.3f} | {p / p32 - 1:+.2%} | {a:.2%} |" for d, (p, a) in acc.items()]
