@@ -643,36 +643,31 @@ static inline float cyf_dot_q4(const float *x, const void *W, ptrdiff_t ld, ptrd
 {
     cyf_v8f a0 = {0}, a1 = {0}, w0, w1;
     float lanes[16], part[16];
-    ptrdiff_t g0 = 0;
-    for (; g0 + CYF_GROUP <= K; g0 += CYF_GROUP) {
+    for (ptrdiff_t g0 = 0; g0 < K; g0 += CYF_GROUP) {
+        const ptrdiff_t end = K - g0 < CYF_GROUP ? K : g0 + CYF_GROUP;
+        const float s = scale[g0 / CYF_GROUP];
         cyf_v8f t0 = {0}, t1 = {0};
-        for (ptrdiff_t i = g0; i < g0 + CYF_GROUP; i += 16) {
+        ptrdiff_t i = g0;
+        for (; i + 16 <= end; i += 16) {
             cyf_trow16(W, CYF_I4, ld, n, i, &w0, &w1);
             t0 += cyf_load8(x + i) * w0;
             t1 += cyf_load8(x + i + 8) * w1;
         }
-        const float s = scale[g0 / CYF_GROUP];
-        a0 += s * t0;
-        a1 += s * t1;
+        if (i == end) {
+            a0 += s * t0;
+            a1 += s * t1;
+            continue;
+        }
+        /* the last group ends off a multiple of 16: its rest one by one */
+        cyf_store8(part, t0);
+        cyf_store8(part + 8, t1);
+        for (ptrdiff_t j = 0; i < end; i++, j++)
+            part[j] += x[i] * cyf_elem_t(W, CYF_I4, ld, n, i);
+        a0 += s * cyf_load8(part);
+        a1 += s * cyf_load8(part + 8);
     }
     cyf_store8(lanes, a0);
     cyf_store8(lanes + 8, a1);
-    if (g0 < K) {  /* a last, shorter group */
-        cyf_v8f t0 = {0}, t1 = {0};
-        ptrdiff_t i = g0;
-        for (; i + 16 <= K; i += 16) {
-            cyf_trow16(W, CYF_I4, ld, n, i, &w0, &w1);
-            t0 += cyf_load8(x + i) * w0;
-            t1 += cyf_load8(x + i + 8) * w1;
-        }
-        cyf_store8(part, t0);
-        cyf_store8(part + 8, t1);
-        for (ptrdiff_t j = 0; i < K; i++, j++)
-            part[j] += x[i] * cyf_elem_t(W, CYF_I4, ld, n, i);
-        const float s = scale[g0 / CYF_GROUP];
-        for (int j = 0; j < 16; j++)
-            lanes[j] += s * part[j];
-    }
     return cyf_tree16(lanes);
 }
 
