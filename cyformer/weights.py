@@ -475,17 +475,17 @@ def _place(params, shapes, packed, dtype):
     converted to dtype (those in ``packed``) a formats.Packed to convert into."""
     from .formats import Packed, matrix_format, packed_layout
 
+    fmt = {p: matrix_format(dtype, p in TRANSPOSED) for p in params if p in packed}
     layout = {}
     for p in params:
-        data, data_dtype, scale = (packed_layout(matrix_format(dtype, p in TRANSPOSED), shapes[p], p in TRANSPOSED)
-                                   if p in packed else (shapes[p], np.float32, None))
+        data, data_dtype, scale = (packed_layout(fmt[p], shapes[p], p in TRANSPOSED) if p in packed
+                                   else (shapes[p], np.float32, None))
         layout[p] = [(data, data_dtype)] + ([] if scale is None else [(scale, np.float32)])
     arrays = iter(_slots([spec for p in params for spec in layout[p]]))
     out = {}
     for p in params:
         mine = [next(arrays) for _ in layout[p]]
-        out[p] = (Packed(matrix_format(dtype, p in TRANSPOSED), mine[0], mine[1] if len(mine) > 1 else None,
-                         tuple(shapes[p]), p in TRANSPOSED)
+        out[p] = (Packed(fmt[p], mine[0], mine[1] if len(mine) > 1 else None, tuple(shapes[p]), p in TRANSPOSED)
                   if p in packed else mine[0])
     return out
 
