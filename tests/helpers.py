@@ -1,9 +1,26 @@
-"""Shared test utilities: random Hugging Face GPT-2 checkpoints on disk."""
+"""Shared test utilities: random Hugging Face GPT-2 checkpoints on disk, and
+the scripts of train/ as modules."""
 
+import importlib.util
 import json
 import os
+import sys
 
 import numpy as np
+
+TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train")
+
+
+def load_train_module(name):
+    """train/<name>.py as the module train_<name> (the scripts import each
+    other by name, so train/ goes on sys.path)."""
+    if TRAIN not in sys.path:
+        sys.path.insert(0, TRAIN)
+    spec = importlib.util.spec_from_file_location(f"train_{name}", os.path.join(TRAIN, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def make_hf_checkpoint(path, seed=0, tokenizer_dir=None, **geometry):

@@ -10,7 +10,6 @@ per-op path; saving and loading back without conversion; bad saved files.
 
 import json
 import os
-import sysconfig
 
 import numpy as np
 import pytest
@@ -255,21 +254,17 @@ def test_packed_arguments_are_checked(rng):
 
 # -- whole models -------------------------------------------------------------
 
-HELDOUT = os.path.join(os.path.dirname(__file__), os.pardir, "train", "heldout.tsv")
-
-
 def held_out_ids(model, n=3072):
     """Token ids of held-out standard-library modules: whole files the bundled
-    model never saw in training (train/heldout.tsv, train/corpus.py)."""
-    root = sysconfig.get_paths()["stdlib"]
+    model never saw in training, read as the corpus pipeline reads them
+    (train/heldout.tsv, train/corpus.py)."""
+    from helpers import TRAIN, load_train_module
+
+    corpus = load_train_module("corpus")
     text = ""
-    with open(HELDOUT, encoding="utf-8") as listing:
-        for line in listing:
-            key = line.split("\t", 1)[0]
-            if not key.startswith("stdlib/") or len(text) > 4 * n:
-                continue
-            with open(os.path.join(root, key[len("stdlib/"):]), encoding="utf-8") as f:
-                text += f.read()
+    for key, _, _, _ in corpus.read_heldout_listing(os.path.join(TRAIN, "heldout.tsv")):
+        if key.startswith("stdlib/") and len(text) <= 4 * n:
+            text += corpus.read_text(corpus.path_of(key, None))
     return np.array(model.encode(text)[:n])
 
 

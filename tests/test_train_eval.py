@@ -3,7 +3,6 @@ cleaning, and evaluate.py on a small slice against the bundled model, with
 its figures recomputed independently.  Nothing here trains a real model."""
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -15,22 +14,10 @@ import pytest
 
 import cyformer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "train")
+from helpers import TRAIN, load_train_module
 
-
-def _load(name):
-    if TRAIN not in sys.path:
-        sys.path.insert(0, TRAIN)  # the scripts import each other by name
-    spec = importlib.util.spec_from_file_location(f"train_{name}", os.path.join(TRAIN, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-corpus = _load("corpus")
-evaluate = _load("evaluate")
+corpus = load_train_module("corpus")
+evaluate = load_train_module("evaluate")
 
 
 # -- licences ------------------------------------------------------------------
@@ -40,7 +27,7 @@ METADATA = "Metadata-Version: 2.1\nName: x\nVersion: 1\n"
 
 @pytest.fixture(scope="module")
 def fetch():
-    return _load("fetch_corpus")
+    return load_train_module("fetch_corpus")
 
 
 @pytest.mark.parametrize("extra, licence", [

@@ -20,8 +20,8 @@ Runs through cyformer (no torch) and reports:
   ``key:qualname:line``.  The prompt is the source from the def (or its first
   decorator) to the docstring's closing quotes (without the newline after
   them, which the tokenizer merges with the next line's indentation);
-  greedy completion (temperature 0,
-  no repetition penalty) of at most ``--max-new-tokens`` tokens, cut before
+  greedy completion (temperature 0, no repetition penalty) of at most
+  ``--max-new-tokens`` tokens, cut before
   the first non-blank line indented no deeper than the def.  It *parses* when
   the function ended within the budget (its indentation returned, or the
   model stopped), ``ast.parse`` accepts the dedented prompt + completion, and
