@@ -647,10 +647,7 @@ def _load_saved(ck, cfg, dtype):
         if name not in ck.where:
             raise ModelLoadError(f"{ck.path}: missing tensor {name!r} (a {fmt} model saved by cyformer)")
         shard, info, data_start = ck.where[name]
-        tag, np_dtype = (STORAGE[matrix_format(fmt, name in TRANSPOSED)]
-                         if name.endswith(".weight") or name in TRANSPOSED else STORAGE["float32"])
-        if name.endswith(".scale"):
-            tag, np_dtype = STORAGE["float32"]
+        tag, np_dtype = STORAGE[matrix_format(fmt, name in TRANSPOSED) if is_matrix(name) else "float32"]
         if info.dtype != tag or info.shape != tuple(want_shape):
             raise ModelLoadError(f"{shard}: tensor {name!r} is {info.dtype} {info.shape}; a {fmt} model "
                                  f"needs {tag} {tuple(want_shape)}")
@@ -662,18 +659,10 @@ def _load_saved(ck, cfg, dtype):
         if shape is None:
             continue
         data_shape, scale_shape = stored_shapes(p, shape, fmt)
-        if fmt == "float32" or not is_matrix(p):
-            tag = "F32"
-            if p not in ck.where:
-                raise ModelLoadError(f"{ck.path}: missing tensor {p!r} (a {fmt} model saved by cyformer)")
-            shard, info, data_start = ck.where[p]
-            if info.dtype != tag or info.shape != tuple(shape):
-                raise ModelLoadError(f"{shard}: tensor {p!r} is {info.dtype} {info.shape}; expected "
-                                     f"F32 {tuple(shape)}")
-            params[p] = np.memmap(shard, dtype=np.float32, mode="r", offset=data_start + info.begin,
-                                  shape=shape)
-            continue
         data = mapped(p, data_shape)
+        if fmt == "float32" or not is_matrix(p):
+            params[p] = data
+            continue
         scale = mapped(p + ".scale", scale_shape) if scale_shape is not None else None
         if scale is not None and not np.isfinite(scale).all():
             raise ModelLoadError(f"{ck.path}: tensor {p + '.scale'!r} holds NaN or Inf")

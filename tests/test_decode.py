@@ -141,7 +141,7 @@ def test_step_refuses_misshapen_weights(checkpoint):
 
 @pytest.mark.parametrize("model", ["bundled", "odd"])
 @pytest.mark.parametrize("n_seq", [5, 13])
-@pytest.mark.parametrize("dtype", ["float32", "int8", "int4"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "int4"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_batched_step_is_bitwise_each_sequence_alone(checkpoint, rng, model, n_seq, dtype, threads):
     """Sequences at different positions, with caches of different sizes, in
