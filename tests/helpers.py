@@ -65,6 +65,19 @@ def hf_logits(model, ids):
         return model(t).logits.numpy()
 
 
+def compare_logits(model, hf, ids, tol):
+    """cyformer's logits for ids against transformers' (hf): max |difference|
+    <= tol and the same argmax everywhere; returns cyformer's."""
+    got = model.forward(ids)
+    ref = hf_logits(hf, ids)
+    ref = ref if np.ndim(ids) == 2 else ref[0]
+    assert got.shape == ref.shape and got.dtype == np.float32
+    diff = float(np.abs(got - ref).max())
+    assert diff <= tol, f"max |logit diff| {diff:.3g} > {tol}"
+    assert np.array_equal(got.argmax(-1), ref.argmax(-1))
+    return got
+
+
 def edit_config(path, **changes):
     p = os.path.join(path, "config.json")
     with open(p) as f:

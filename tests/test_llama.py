@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import cyformer
-from helpers import hf_greedy, hf_logits, make_hf_llama
+from helpers import compare_logits, hf_greedy, hf_logits, make_hf_llama
 
 TOL = 1e-4
 
@@ -59,14 +59,7 @@ def llama(tmp_path_factory):
 
 
 def compare(model, hf, ids):
-    got = model.forward(ids)
-    ref = hf_logits(hf, ids)
-    ref = ref if np.ndim(ids) == 2 else ref[0]
-    assert got.shape == ref.shape and got.dtype == np.float32
-    diff = float(np.abs(got - ref).max())
-    assert diff <= TOL, f"max |logit diff| {diff:.3g} > {TOL}"
-    assert np.array_equal(got.argmax(-1), ref.argmax(-1))
-    return got
+    return compare_logits(model, hf, ids, TOL)
 
 
 @pytest.mark.parametrize("name", sorted(LLAMA_GEOMETRIES))

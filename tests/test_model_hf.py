@@ -8,20 +8,13 @@ import numpy as np
 import pytest
 
 import cyformer
-from helpers import hf_logits
+from helpers import compare_logits
 
 TOL = 1e-4
 
 
 def compare(model, hf, ids):
-    got = model.forward(ids)
-    ref = hf_logits(hf, ids)
-    ref = ref if np.ndim(ids) == 2 else ref[0]
-    assert got.shape == ref.shape and got.dtype == np.float32
-    diff = float(np.abs(got - ref).max())
-    assert diff <= TOL, f"max |logit diff| {diff:.3g} > {TOL}"
-    assert np.array_equal(got.argmax(-1), ref.argmax(-1))
-    return got, diff
+    return compare_logits(model, hf, ids, TOL)
 
 
 @pytest.mark.parametrize("name", ["odd", "erf"])
@@ -44,11 +37,11 @@ def test_gpt2_small(checkpoint, rng):
     assert m1.weights.tied  # HF saves no lm_head when tied
     for ids in (rng.integers(0, 50257, size=1), rng.integers(0, 50257, size=61),
                 rng.integers(0, 50257, size=(2, 7))):
-        a, _ = compare(m1, hf, ids)
-        b, _ = compare(m2, hf, ids)
+        a = compare(m1, hf, ids)
+        b = compare(m2, hf, ids)
         assert np.array_equal(a, b), "logits differ between 1 and 2 threads"
     ids = rng.integers(0, 50257, size=1024)  # T = n_positions
-    a, _ = compare(m2, hf, ids)
+    a = compare(m2, hf, ids)
     assert np.array_equal(a, m1.forward(ids))
 
 
