@@ -250,7 +250,17 @@ static inline void cyf_gemv_rows_b(const float *x, ptrdiff_t ldx, int nr, const 
     }
 }
 
-/* The 16 lanes of a dot product, combined as cyf_dot combines them. */
+/* A dot product's fixed pairwise tree over its 16 lanes */
+static inline float cyf_tree16(float *lanes)
+{
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++)
+            lanes[j] += lanes[j + w];
+    return lanes[0];
+}
+
+/* The 16 lanes of a dot product (s0, s1) with the tail x[i..n) . w[i..n)
+ * added lane by lane, combined in the tree: the end of cyf_dot. */
 static inline float cyf_lanes_sum(cyf_v8f s0, cyf_v8f s1, const float *x, const float *w,
                                   ptrdiff_t i, ptrdiff_t n)
 {
@@ -259,10 +269,7 @@ static inline float cyf_lanes_sum(cyf_v8f s0, cyf_v8f s1, const float *x, const 
     cyf_store8(lanes + 8, s1);
     for (ptrdiff_t j = 0; i < n; i++, j++)
         lanes[j] += x[i] * w[i];
-    for (int v = 8; v >= 1; v /= 2)
-        for (int j = 0; j < v; j++)
-            lanes[j] += lanes[j + v];
-    return lanes[0];
+    return cyf_tree16(lanes);
 }
 
 /* cyf_dot(x_r, w_c, n) for nr rows of x (ldx apart) against NW (1 or 2, a
@@ -661,15 +668,6 @@ static inline void cyf_trow16(const void *W, int fmt, ptrdiff_t ld, ptrdiff_t n,
     }
 }
 
-/* cyf_dot's fixed pairwise tree over 16 lanes */
-static inline float cyf_tree16(float *lanes)
-{
-    for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++)
-            lanes[j] += lanes[j + w];
-    return lanes[0];
-}
-
 /* x . row n of an [N, K] matrix in format fmt, K values from k0 (k0 a multiple
  * of 16), over 16 interleaved lanes and a fixed tree, as cyf_dot. */
 static inline float cyf_dot_q(const float *x, const void *W, int fmt, ptrdiff_t ld, ptrdiff_t n,
@@ -738,15 +736,7 @@ static inline float cyf_dot(const float *a, const float *b, ptrdiff_t n)
         s0 += cyf_load8(a + i) * cyf_load8(b + i);
         s1 += cyf_load8(a + i + 8) * cyf_load8(b + i + 8);
     }
-    float lanes[16];
-    cyf_store8(lanes, s0);
-    cyf_store8(lanes + 8, s1);
-    for (ptrdiff_t j = 0; i < n; i++, j++)
-        lanes[j] += a[i] * b[i];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++)
-            lanes[j] += lanes[j + w];
-    return lanes[0];
+    return cyf_lanes_sum(s0, s1, a, b, i, n);
 }
 
 /* sum of x[0..n) in 32 interleaved lanes (four independent vector chains,
