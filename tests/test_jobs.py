@@ -132,7 +132,7 @@ def test_same_bytes_at_any_thread_count_and_after_interruption(tmp_path, corpus)
     with pytest.raises(KeyboardInterrupt):
         jobs.score(corpus, c, per_token=True, shard_rows=3, progress=False, on_shard=stop_after_two,
                    threads=1)
-    m = json.load(open(os.path.join(c, "manifest.json")))
+    m = json.load(open(os.path.join(c, "_manifest.json")))
     assert not m["complete"] and [r["index"] for r in m["shards"]] == [0, 1]
     assert not jobs.open(c).complete
     # what a crash leaves behind: a partial temporary file, and a shard renamed

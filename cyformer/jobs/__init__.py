@@ -35,6 +35,8 @@ from .run import Summary, run_job
 from .scoring import Score
 from .shards import JobOutput, JobOutputError, RowView, open_output as open  # noqa: A001
 
+JOBS = {job.name: job for job in (Score, Generate, Collect)}
+
 __all__ = ["score", "generate", "collect", "open", "Summary", "JobOutput", "RowView", "Corpus",
            "CorpusError", "JobOutputError", "Row", "open_corpus"]
 

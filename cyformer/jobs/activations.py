@@ -32,7 +32,13 @@ class Collect(Job):
     def __init__(self, hooks, dtype="float32", format="safetensors", max_tokens=None):
         if isinstance(hooks, str):
             hooks = [hooks]
+        if hooks is None or isinstance(hooks, (bytes, dict)) or not hasattr(hooks, "__iter__"):
+            raise TypeError(f"collect: hooks must be a hook name or a list of them "
+                            f"(model.hook_names() lists them), got {type(hooks).__name__}")
         self.hooks = list(hooks)
+        bad = [h for h in self.hooks if not isinstance(h, str)]
+        if bad:
+            raise TypeError(f"collect: hooks must be hook names (str), got {type(bad[0]).__name__}")
         self.dtype = dtype
         self.format = format
         self.max_tokens = max_tokens

@@ -9,7 +9,7 @@ import sys
 COMMANDS = ("score", "generate-corpus", "collect")
 
 _EPILOG = ("The output directory holds Parquet shards (score, generate-corpus) or activation shards "
-           "(collect) and manifest.json; read it back with cyformer.jobs.open(DIR).  Interrupted "
+           "(collect) and _manifest.json (Parquet readers skip it, so pandas.read_parquet(DIR) reads the shards); read it back with cyformer.jobs.open(DIR).  Interrupted "
            "(Ctrl-C) or failed runs resume where they stopped when run again with the same "
            "arguments; the output is the same bytes at any --threads/--workers, with or without --ray.")
 

@@ -10,17 +10,23 @@ negative temperature, ...) is skipped with generate()'s message.
 
 Shard columns (one row per prompt, in corpus order):
     row            int64         the corpus row (0-based; JSONL line - 1)
+    id             string        the row's own ``id`` field; null where it has none
     prompt_tokens  int32
     completion     string        the new text (a stop string is cut from it)
     token_ids      list<int32>   the new tokens
     finish_reason  string        "length", "eos", "stop" or "context"
     seed           int64         the seed the row was sampled with
+
+A seed must fit the column: an integer in [0, 2**63) (a row with another is
+skipped, before any work, with the reason).
 """
 
 import json
 
 from ..model_files import DEFAULT
-from .job import Job, RowSkipped
+from .job import Job, RowSkipped, id_column, row_id
+
+SEED_LIMIT = 2 ** 63  # the seed column is int64
 
 ROW_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed")
 _SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")
@@ -41,11 +47,16 @@ class Generate(Job):
         return {**{k: ("checkpoint" if v is DEFAULT else v) for k, v in self.defaults.items()},
                 "seed": self.seed}
 
+    @classmethod
+    def from_params(cls, params):
+        return cls()
+
     def check(self, model):
         super().check(model)
         from .. import _checks
 
-        _checks.integer("generate", "seed", self.seed)
+        if not 0 <= _checks.integer("generate", "seed", self.seed) < SEED_LIMIT:
+            raise ValueError(f"generate: seed must be in [0, 2**63), got {self.seed}")
         d = self.defaults
         if _checks.integer("generate", "max_new_tokens", d["max_new_tokens"]) < 0:
             raise ValueError(f"generate: max_new_tokens must be >= 0, got {d['max_new_tokens']}")
@@ -58,11 +69,16 @@ class Generate(Job):
             json.dumps(own)
         except (TypeError, ValueError):
             raise RowSkipped("its sampling fields are not plain numbers, strings or lists") from None
-        return own
+        seed = own.get("seed", self.seed + row.index)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+            raise RowSkipped(f"its seed must be an integer in [0, 2**63), got {seed!r:.40}")
+        ident = row_id(row)
+        return own if ident is None else {**own, "id": ident}
 
     def process(self, model, row, text, params):
-        args = {**self.defaults, **{k: v for k, v in (params or {}).items() if k != "seed"}}
-        seed = params.get("seed", self.seed + row) if params else self.seed + row
+        params = params or {}
+        args = {**self.defaults, **{k: v for k, v in params.items() if k not in ("seed", "id")}}
+        seed = params.get("seed", self.seed + row)
         if isinstance(args["stop"], list):
             args["stop"] = list(args["stop"])
         try:
@@ -70,22 +86,27 @@ class Generate(Job):
         except (ValueError, TypeError) as e:
             raise RowSkipped(str(e)) from None
         return {"prompt_tokens": out.stats["prompt_tokens"], "completion": str(out),
-                "token_ids": list(out.token_ids), "finish_reason": out.finish_reason, "seed": int(seed)}
+                "token_ids": list(out.token_ids), "finish_reason": out.finish_reason, "seed": int(seed),
+                "id": params.get("id")}
 
     def tokens(self, result):
         return result["prompt_tokens"] + len(result["token_ids"])
 
     def write(self, results, path):
-        import pyarrow as pa
-
         from .shards import write_parquet
 
-        table = pa.table({
+        return write_parquet(self.table(results), path), {}
+
+    def table(self, results):
+        """The shard's pyarrow Table from [(row, result)] in row order."""
+        import pyarrow as pa
+
+        return pa.table({
             "row": pa.array([r for r, _ in results], pa.int64()),
+            "id": id_column(results),
             "prompt_tokens": pa.array([x["prompt_tokens"] for _, x in results], pa.int32()),
             "completion": pa.array([x["completion"] for _, x in results], pa.string()),
             "token_ids": pa.array([x["token_ids"] for _, x in results], pa.list_(pa.int32())),
             "finish_reason": pa.array([x["finish_reason"] for _, x in results], pa.string()),
             "seed": pa.array([x["seed"] for _, x in results], pa.int64()),
         })
-        return write_parquet(table, path), {}

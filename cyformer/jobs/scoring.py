@@ -15,6 +15,7 @@ sums do not lose the small per-token terms of a long document.
 
 Shard columns (one row per document, in corpus order):
     row            int64    the corpus row (0-based; JSONL line - 1)
+    id             string   the row's own ``id`` field; null where it has none
     n_tokens       int64    tokens scored
     logprob        float64  sum of their ln p (the document's log-likelihood, nats)
     perplexity     float64  exp(-logprob / n_tokens); null when n_tokens is 0
@@ -24,7 +25,7 @@ Shard columns (one row per document, in corpus order):
 
 import numpy as np
 
-from .job import Job, RowSkipped, encode
+from .job import Job, RowSkipped, encode, id_column
 
 ROWS_PER_PASS = 32  # logits rows widened to float64 at a time ([32, V] doubles)
 
@@ -80,6 +81,10 @@ class Score(Job):
     def params(self):
         return {"stride": self.stride, "per_token": self.per_token}
 
+    @classmethod
+    def from_params(cls, params):
+        return cls(params.get("stride"), params.get("per_token", False))
+
     def check(self, model):
         super().check(model)
         n = model.config.n_positions
@@ -95,7 +100,7 @@ class Score(Job):
         n = int(scored.sum())
         total = float(lp[scored].sum()) if n else 0.0
         result = {"n_tokens": n, "logprob": total, "perplexity": float(np.exp(-total / n)) if n else None,
-                  "length": len(ids)}
+                  "length": len(ids), "id": (params or {}).get("id")}
         if self.per_token:
             result["token_ids"] = np.asarray(ids, dtype=np.int32)
             result["token_logprobs"] = lp
@@ -105,12 +110,17 @@ class Score(Job):
         return result["length"]
 
     def write(self, results, path):
-        import pyarrow as pa
-
         from .shards import write_parquet
+
+        return write_parquet(self.table(results), path), {}
+
+    def table(self, results):
+        """The shard's pyarrow Table from [(row, result)] in row order."""
+        import pyarrow as pa
 
         cols = {
             "row": pa.array([r for r, _ in results], pa.int64()),
+            "id": id_column(results),
             "n_tokens": pa.array([x["n_tokens"] for _, x in results], pa.int64()),
             "logprob": pa.array([x["logprob"] for _, x in results], pa.float64()),
             "perplexity": pa.array([x["perplexity"] for _, x in results], pa.float64()),
@@ -118,7 +128,7 @@ class Score(Job):
         if self.per_token:
             cols["token_ids"] = _lists([x["token_ids"] for _, x in results], pa.int32())
             cols["token_logprobs"] = _lists([x["token_logprobs"] for _, x in results], pa.float64())
-        return write_parquet(pa.table(cols), path), {}
+        return pa.table(cols)
 
 
 def _lists(arrays, type_):

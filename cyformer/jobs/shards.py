@@ -1,31 +1,39 @@
 """Shard files and the manifest: how a job's output sits on disk, and ``open``.
 
-An output directory holds ``manifest.json`` and one file (or, for .npy
+An output directory holds ``_manifest.json`` and one file (or, for .npy
 activations, one directory) per shard: ``scores-00000.parquet``,
 ``completions-00000.parquet``, ``activations-00000.safetensors`` or
 ``activations-00000/`` of ``NAME.npy`` files.  Shard k holds the results of
 corpus rows [k * shard_rows, (k + 1) * shard_rows), in row order, whoever
-computed them.
+computed them.  The manifest's name starts with ``_`` because Parquet
+readers (pandas, pyarrow.dataset, Spark) skip such files, so
+``pd.read_parquet(out)`` reads the shards alone.
 
 Every shard is written under a ``.tmp`` name and renamed when complete; the
 manifest (also replaced atomically) lists the shards that are done with
 their sizes, so a shard file without a manifest entry, or with another size,
-is redone on the next run, and a stray ``.tmp`` is removed.  Nothing in a
-shard or in the manifest depends on time, thread or worker counts, so the
-same job gives the same bytes however it ran.
+is redone on the next run, and a stray ``.tmp`` is removed.  A job only ever
+deletes names it writes itself (``owned``: its shard names, their ``.tmp``
+names and the manifest's), never another file of the directory, and only
+reads shard files named so, inside the directory.  Nothing in a shard or in
+the manifest depends on time, thread or worker counts, so the same job gives
+the same bytes however it ran.
 """
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
 
 from ..errors import CyformerError
 
-MANIFEST = "manifest.json"
+MANIFEST = "_manifest.json"
+OLD_MANIFEST = "manifest.json"  # before 0.x: read, and replaced by MANIFEST on the next run
 MANIFEST_VERSION = 1
 TMP = ".tmp"
+SHARD_EXTS = (".parquet", ".safetensors", "")
 
 
 class JobOutputError(CyformerError):
@@ -35,6 +43,26 @@ class JobOutputError(CyformerError):
 def shard_path(out, stem, index, ext):
     """ext "" names a directory shard (.npy activations)."""
     return os.path.join(out, f"{stem}-{index:05d}{ext}")
+
+
+def owned(name, stem=None):
+    """Whether ``name`` (a directory entry) is one a job writes: a shard
+    ``STEM-NNNNN[.EXT]`` of the given stem (any job's when None), the
+    manifest, or one of these with ``.tmp``.  Only such names are ever
+    removed or read as shards."""
+    base = name[:-len(TMP)] if name.endswith(TMP) else name
+    if base in (MANIFEST, OLD_MANIFEST):
+        return True
+    stems = re.escape(stem) if stem is not None else "(scores|completions|activations)"
+    exts = "|".join(re.escape(e) for e in SHARD_EXTS)
+    return re.fullmatch(rf"{stems}-\d{{5}}({exts})", base) is not None
+
+
+def _manifest_path(out):
+    """The manifest of ``out``: the current name, else the old one where only it exists."""
+    path = os.path.join(out, MANIFEST)
+    old = os.path.join(out, OLD_MANIFEST)
+    return old if not os.path.exists(path) and os.path.isfile(old) else path
 
 
 def _path_bytes(path):
@@ -145,26 +173,30 @@ class Manifest:
         os.makedirs(out, exist_ok=True)
         identity = json.loads(json.dumps(identity))  # tuples -> lists, as the file holds them
         m = cls(out, identity)
-        old = _read_json(m.path) if os.path.exists(m.path) else None
+        found = _manifest_path(out)
+        old = read_manifest(found) if os.path.exists(found) else None
+        stem = identity["stem"]
         if old is not None and not overwrite:
-            if old.get("identity") != identity:
-                diff = sorted(k for k in set(identity) | set(old.get("identity", {}))
-                              if identity.get(k) != old.get("identity", {}).get(k))
+            if old["identity"] != identity:
+                diff = sorted(k for k in set(identity) | set(old["identity"])
+                              if identity.get(k) != old["identity"].get(k))
                 raise JobOutputError(
                     f"{out} holds the output of a different job (differs in: {', '.join(diff)}); "
                     "choose another output directory, or overwrite it (overwrite=True, --overwrite)")
-            for rec in old.get("shards", []):
-                p = os.path.join(out, rec["file"])
+            for rec in old["shards"]:
+                p = shard_file(out, rec, stem)
                 if os.path.exists(p) and _path_bytes(p) == rec["bytes"]:
                     m.shards[rec["index"]] = rec
         elif old is not None:
             for name in os.listdir(out):
-                if name != MANIFEST and name.startswith(identity["stem"] + "-"):
+                if owned(name, stem) and name not in (MANIFEST, OLD_MANIFEST):
                     _remove(os.path.join(out, name))
-        for name in os.listdir(out):  # leftovers of an interrupted write
-            if name.endswith(TMP):
+        for name in os.listdir(out):  # leftovers of an interrupted write: only our own names
+            if name.endswith(TMP) and owned(name, stem):
                 _remove(os.path.join(out, name))
         m.save()
+        if found != m.path:
+            os.remove(found)  # the old name, now replaced
         return m
 
     def add(self, record):
@@ -188,12 +220,44 @@ class Manifest:
         os.replace(tmp, self.path)
 
 
-def _read_json(path):
+def read_manifest(path):
+    """A manifest file as a dict, its shape checked: an object with an
+    ``identity`` object and a ``shards`` list of records that each name
+    their shard (``index``, ``file``, ``bytes``)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            m = json.load(f)
     except (OSError, ValueError) as e:
         raise JobOutputError(f"{path}: not a readable job manifest ({e})") from None
+
+    def bad(why):
+        return JobOutputError(f"{path}: not a job manifest ({why})")
+    if not isinstance(m, dict):
+        raise bad(f"a JSON {type(m).__name__}, not an object")
+    ident = m.get("identity")
+    if not isinstance(ident, dict) or not all(isinstance(ident.get(k), str) for k in ("job", "stem", "format")):
+        raise bad("no identity object with job, stem and format")
+    if not isinstance(m.get("shards", []), list):
+        raise bad("shards is not a list")
+    m.setdefault("shards", [])
+    for rec in m["shards"]:
+        if not isinstance(rec, dict):
+            raise bad("a shard record is not an object")
+        for key, kind in (("index", int), ("file", str), ("bytes", int)):
+            if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
+                raise bad(f"a shard record without an integer index, a file name and a byte count: {rec!r:.200}")
+    return m
+
+
+def shard_file(out, rec, stem):
+    """The path of a manifest record's shard, which must be one of the job's
+    own shard names directly inside ``out`` (never ``../x`` or an absolute path)."""
+    name = rec["file"]
+    if os.path.basename(name) != name or name.endswith(TMP) or not owned(name, stem) \
+            or name in (MANIFEST, OLD_MANIFEST):
+        raise JobOutputError(f"{os.path.join(out, MANIFEST)}: shard record names {name!r:.200}, "
+                             f"which is not a {stem} shard inside the output directory")
+    return os.path.join(out, name)
 
 
 # -- reading an output back ----------------------------------------------------
@@ -252,17 +316,19 @@ class JobOutput:
     """
 
     def __init__(self, out, mmap=False):
-        path = os.path.join(out, MANIFEST)
+        path = _manifest_path(out)
         if not os.path.exists(path):
             raise JobOutputError(f"{out}: no {MANIFEST}; not the output of a cyformer job")
         self.dir = out
-        self.manifest = _read_json(path)
+        self.manifest = read_manifest(path)
         ident = self.manifest["identity"]
         self.job = ident["job"]
         self.format = ident["format"]
         self.mmap = mmap
-        self.complete = self.manifest["complete"]
+        self.complete = bool(self.manifest.get("complete"))
         self._records = self.manifest["shards"]
+        for rec in self._records:
+            shard_file(out, rec, ident["stem"])
         self._cache = {}
 
     def __repr__(self):
@@ -271,15 +337,15 @@ class JobOutput:
 
     @property
     def documents(self):
-        return sum(r["documents"] for r in self._records)
+        return sum(r.get("documents", 0) for r in self._records)
 
     @property
     def tokens(self):
-        return sum(r["tokens"] for r in self._records)
+        return sum(r.get("tokens", 0) for r in self._records)
 
     @property
     def skipped(self):
-        return [tuple(s) for r in self._records for s in r["skipped"]]
+        return [tuple(s) for r in self._records for s in r.get("skipped", [])]
 
     @property
     def names(self):
@@ -288,7 +354,7 @@ class JobOutput:
         return list(self.manifest["identity"]["arrays"])
 
     def _file(self, rec):
-        return os.path.join(self.dir, rec["file"])
+        return shard_file(self.dir, rec, self.manifest["identity"]["stem"])
 
     def shard(self, k):
         """Shard k's contents: a pyarrow Table (Parquet) or name -> array."""
@@ -309,7 +375,8 @@ class JobOutput:
             import pyarrow as pa
             import pyarrow.parquet as pq
             tables = [pq.read_table(self._file(r)) for r in self._records]
-            self._cache["table"] = pa.concat_tables(tables) if tables else None
+            # no shards (an empty corpus): the job's columns with no rows
+            self._cache["table"] = pa.concat_tables(tables) if tables else _empty_table(self.manifest)
         return self._cache["table"]
 
     def __getitem__(self, name):
@@ -326,6 +393,17 @@ class JobOutput:
             spec = self.manifest["identity"]["arrays"][name]
             return np.empty((0, *spec["shape"]), dtype=spec["dtype"])
         return RowView(parts) if self.mmap else np.concatenate(parts)
+
+
+def _empty_table(manifest):
+    """The table of a Parquet job's output that has no rows."""
+    from . import JOBS
+
+    ident = manifest["identity"]
+    job = JOBS.get(ident["job"])
+    if job is None:
+        raise JobOutputError(f"unknown job {ident['job']!r:.100} in the manifest")
+    return job.from_params(ident.get("params") or {}).table([])
 
 
 def open_output(out, mmap=False):
