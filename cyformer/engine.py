@@ -55,6 +55,11 @@ class EngineClosed(CyformerError):
     """The engine is shutting down and takes no new requests."""
 
 
+class SinkError(CyformerError):
+    """A stream's sink raised: that stream ended with this error (its
+    ``__cause__`` is the sink's exception); no other stream is affected."""
+
+
 class Event(NamedTuple):
     """One step of a stream: a generated token (None for text held back until
     the end), its text piece ('' while held back) and its TokenLogprob (None
@@ -77,12 +82,21 @@ class EngineStream:
     and cache.  With ``sink``, events go to ``sink(event)`` instead (in the
     scheduler's thread; ``sink(None)`` at the end) and the stream is not
     iterated: the server bridges them into its event loop this way.
+
+    A sink is the caller's code running in the scheduler's thread, so it is
+    isolated there: if it raises, its stream is cancelled and ends with a
+    SinkError (the sink gets no more events, then ``None``), and the other
+    streams go on.  A sink may submit new requests, but not wait for one
+    (``result``, ``wait`` or iterating a stream): that would stop the very
+    thread that makes progress, so it raises RuntimeError at once.
     """
 
-    def __init__(self, generation: Generation, sink=None):
+    def __init__(self, generation: Generation, sink=None, scheduler_thread=None):
         self.generation = generation
         self.decoding = Decoding(generation)
         self._sink = sink
+        self._sink_error = None  # what the sink raised, if it did
+        self._scheduler_thread = scheduler_thread  # None: run in the caller's thread (run_batch)
         self._events = queue.SimpleQueue() if sink is None else None
         self._cancel = threading.Event()
         self._done = threading.Event()
@@ -90,23 +104,48 @@ class EngineStream:
 
     # -- the scheduler's side --
 
+    def _call_sink(self, event):
+        if self._sink_error is not None and event is not None:
+            return  # a sink that raised gets nothing more but the end
+        try:
+            self._sink(event)
+        except Exception as e:  # noqa: BLE001 - the caller's code must not stop the scheduler
+            if self._sink_error is None:
+                self._sink_error = e
+                self._cancel.set()  # the scheduler retires it at its next step
+
     def _emit(self, pairs):
         logprobs = self.generation.logprobs
         for tok, piece in pairs:
             lp = logprobs[-1] if (logprobs and tok is not None) else None
             event = Event(tok, piece, lp)
             if self._sink is not None:
-                self._sink(event)
+                self._call_sink(event)
             else:
                 self._events.put(event)
 
+    def _sink_failure(self):
+        """The SinkError that ends a stream whose sink raised (None if it did not)."""
+        if self._sink_error is None:
+            return None
+        error = SinkError(f"the stream's sink raised {type(self._sink_error).__name__}: "
+                          f"{str(self._sink_error)[:200]}")
+        error.__cause__ = self._sink_error
+        return error
+
     def _close(self, error=None):
-        self.error = error
+        self.error = error if error is not None else self._sink_failure()
         self._done.set()
         if self._sink is not None:
-            self._sink(None)
+            self._call_sink(None)
         else:
             self._events.put(_END)
+
+    def _check_not_scheduler(self, what):
+        if self._scheduler_thread is not None and threading.current_thread() is self._scheduler_thread:
+            raise RuntimeError(f"EngineStream.{what}: called from a sink, in the engine's scheduler "
+                               "thread, which would wait for itself; a sink may submit requests but "
+                               "not wait for them")
 
     # -- the caller's side --
 
@@ -116,6 +155,7 @@ class EngineStream:
     def __next__(self):
         if self._events is None:
             raise TypeError("this stream delivers its events to a sink")
+        self._check_not_scheduler("__next__")
         item = self._events.get()
         if item is _END:
             self._events.put(_END)  # later calls end too
@@ -137,11 +177,13 @@ class EngineStream:
 
     def wait(self, timeout=None):
         """Block until the generation has ended; False on timeout."""
+        if not self._done.is_set():
+            self._check_not_scheduler("wait")
         return self._done.wait(timeout)
 
     def result(self, timeout=None):
         """The finished GeneratedText or GeneratedIds (blocks until then)."""
-        if not self._done.wait(timeout):
+        if not self.wait(timeout):
             raise TimeoutError(f"the generation did not finish within {timeout} s")
         if self.error is not None:
             raise self.error
@@ -302,7 +344,17 @@ class Scheduler:
         seq.kv = None
         self._retire(seq.stream, error=error)
 
+    def fail_all(self, error):
+        """End every waiting and running sequence with ``error`` (the engine's
+        own failure, outside any one request)."""
+        for seq in list(self.active):
+            self._fail(seq, error)
+        while self.waiting:
+            self._retire(self.waiting.popleft(), error=error)
+
     def _retire(self, stream, reason=None, error=None):
+        if error is None:
+            error = stream._sink_failure()  # its own sink ended it: an error, not a cancel
         if error is not None:
             self.counts["failed"] += 1
             stream.decoding.finish("error")
@@ -375,11 +427,18 @@ class Engine:
 
     def submit(self, generations, sink=None):
         """Queue Generations (all or none); returns their EngineStreams.
-        sink: one callable for all of them, or one per generation."""
-        sinks = sink if isinstance(sink, (list, tuple)) else [sink] * len(generations)
-        streams = [EngineStream(g, s) for g, s in zip(generations, sinks)]
+        sink: one callable for all of them, or a list with one per generation."""
+        generations = list(generations)
+        sinks = list(sink) if isinstance(sink, (list, tuple)) else [sink] * len(generations)
+        if len(sinks) != len(generations):
+            raise ValueError(f"submit: {len(sinks)} sinks for {len(generations)} generations "
+                             "(give one sink for all, or one per generation)")
+        for s in sinks:
+            if s is not None and not callable(s):
+                raise TypeError(f"submit: a sink must be callable or None, got {type(s).__name__}")
+        streams = [EngineStream(g, s, self._thread) for g, s in zip(generations, sinks)]
         with self._cond:
-            if self._closing:
+            if self._closing or not self._thread.is_alive():
                 raise EngineClosed("the engine is shutting down")
             if self.queue_depth + len(streams) > self.max_queue:
                 raise EngineBusy(f"the queue is full ({self.max_queue} requests waiting); try again later")
@@ -421,7 +480,10 @@ class Engine:
                     sched.cancel_all()
                 if self._closing and not sched.busy:
                     return
-            sched.step()
+            try:
+                sched.step()
+            except Exception as e:  # noqa: BLE001 - fail what is in flight, keep serving the rest
+                sched.fail_all(e)
 
     @property
     def running(self):
@@ -430,11 +492,14 @@ class Engine:
     def close(self, cancel=False, timeout=None):
         """Stop taking requests; finish the queued and running ones (or cancel
         them with cancel=True); wait up to ``timeout`` s for the scheduler
-        thread to end.  Returns True once it has ended."""
+        thread to end.  Returns True once it has ended.  From a sink (the
+        scheduler's own thread) it does not wait, and returns False."""
         with self._cond:
             self._closing = True
             self._cancel_all = self._cancel_all or cancel
             self._cond.notify()
+        if threading.current_thread() is self._thread:
+            return False
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
