@@ -116,11 +116,12 @@ def _gpt2_config(raw, source):
             out[field] = raw[alias]
     # Options of GPT2Config that change the arithmetic and that the kernels
     # do not implement: refuse rather than compute something else.
-    if raw.get("scale_attn_by_inverse_layer_idx"):
+    if flag(raw, "scale_attn_by_inverse_layer_idx", False, source):
         raise _unsupported(source, "scale_attn_by_inverse_layer_idx=true")
-    if raw.get("scale_attn_weights") is False:
+    if not flag(raw, "scale_attn_weights", True, source):
         raise _unsupported(source, "scale_attn_weights=false")
-    if raw.get("add_cross_attention"):
+    flag(raw, "tie_word_embeddings", True, source)  # checked only: GPT-2 ties by the checkpoint's names
+    if flag(raw, "add_cross_attention", False, source):
         raise _unsupported(source, "add_cross_attention=true (an encoder-decoder model)")
     return out
 
@@ -162,15 +163,15 @@ def _llama_config(raw, source):
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise _unsupported(source, f"hidden_act={act!r} (the Llama family's SwiGLU uses silu)")
-    out["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", False))
+    out["tie_word_embeddings"] = flag(raw, "tie_word_embeddings", False, source)
     if model_type == "qwen2":  # Qwen2 biases its q, k, v products (not o)
         out["qkv_bias"], out["attn_out_bias"] = True, False
-        if raw.get("use_sliding_window"):
+        if flag(raw, "use_sliding_window", False, source):
             raise _unsupported(source, "use_sliding_window=true")
     else:
-        biased = bool(raw.get("attention_bias", False))
+        biased = flag(raw, "attention_bias", False, source)
         out["qkv_bias"] = out["attn_out_bias"] = biased
-    out["mlp_bias"] = bool(raw.get("mlp_bias", False))
+    out["mlp_bias"] = flag(raw, "mlp_bias", False, source)
     window = raw.get("sliding_window")
     if (window is not None and model_type != "qwen2" and isinstance(window, int)
             and not isinstance(window, bool) and 0 < window < raw.get("max_position_embeddings", 0)):
@@ -262,6 +263,19 @@ GPT2 = Family("gpt2", ("gpt2",), "layer_norm", "learned", "gelu", _gpt2_config, 
 LLAMA = Family("llama", ("llama", "mistral", "qwen2"), "rms_norm", "rotary", "swiglu",
                _llama_config, _llama_sources, ("model.", ""))
 FAMILIES = {t: f for f in (GPT2, LLAMA) for t in f.model_types}
+
+
+def flag(raw, key, default, source):
+    """config.json's boolean ``key`` (absent or null: ``default``).  Strictly
+    a JSON true/false: a string "false" is truthy to Python's bool() and
+    would silently mean the opposite, so anything else is refused."""
+    v = raw.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        from .errors import ModelLoadError
+        raise ModelLoadError(f"{source}: {key} must be true or false, got {_clip(v)}")
+    return v
 
 
 def _clip(v, n=60):

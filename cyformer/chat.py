@@ -19,7 +19,10 @@ end-of-turn token as well as at the model's eos ids.
 
 import functools
 import json
+import math
 import numbers
+import threading
+import time
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -35,6 +38,30 @@ JINJA_MIN = (3, 1, 6)  # earlier versions have known sandbox escapes
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>")
 
 _PROBE = "\u2063cyformer-probe\u2063"  # text no template writes by itself
+
+# A template is untrusted code, so a rendering is bounded: nested loops or
+# 'x' * 10**8 must fail with a clear error, not hang or take GBs.  A
+# prompt is at most a context of tokens; no real template comes near these.
+MAX_RENDER_CHARS = 4_000_000
+MAX_RENDER_SECONDS = 5.0
+_render = threading.local()  # this thread's rendering: deadline
+
+
+def _tick():
+    """Refuse to go on past the rendering's deadline (called at every
+    attribute, item, call, loop step and output piece of the template)."""
+    deadline = getattr(_render, "deadline", None)
+    if deadline is not None and time.monotonic() > deadline:
+        _render.deadline = None
+        raise ChatTemplateError(f"the chat template did not finish rendering within "
+                                f"{MAX_RENDER_SECONDS:g} s (MAX_RENDER_SECONDS)")
+
+
+def _check_size(value):
+    if isinstance(value, (str, bytes, list, tuple)) and len(value) > MAX_RENDER_CHARS:
+        raise ChatTemplateError(f"the chat template built a value of {len(value):,} items, over the "
+                                f"{MAX_RENDER_CHARS:,} a rendering may hold (MAX_RENDER_CHARS)")
+    return value
 
 
 def _jinja():
@@ -97,10 +124,51 @@ def _environment():
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    class Bounded(jinja2.sandbox.ImmutableSandboxedEnvironment):
+        """The sandbox with every step checked against the rendering's
+        deadline, and sizes checked where one step can make a huge value:
+        repetition (*), powers (**) and calls."""
+
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator, left, right):
+            _tick()
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_RENDER_CHARS:
+                        raise ChatTemplateError(f"the chat template repeats a value {n:,} times, over the "
+                                                f"{MAX_RENDER_CHARS:,} a rendering may hold (MAX_RENDER_CHARS)")
+            elif (isinstance(left, numbers.Integral) and isinstance(right, numbers.Integral)
+                  and right > 0 and abs(left) > 1 and right * math.log2(abs(left)) > 1_000_000):
+                raise ChatTemplateError(f"the chat template raises a number to the power {str(right)[:20]}, "
+                                        "a result of over a million bits")
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
+            _tick()
+            return _check_size(super().call(__context, __obj, *args, **kwargs))
+
+        def getattr(self, obj, attribute):
+            _tick()
+            return super().getattr(obj, attribute)
+
+        def getitem(self, obj, argument):
+            _tick()
+            return super().getitem(obj, argument)
+
+    safe_range = jinja2.sandbox.safe_range
+
+    def bounded_range(*args):
+        for i in safe_range(*args):  # at most Jinja's MAX_RANGE items each
+            if not i & 1023:
+                _tick()
+            yield i
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
-    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, namespace=Namespace)
+    env.globals.pop("lipsum", None)  # lorem ipsum of any length: no use in a chat template
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, namespace=Namespace,
+                       range=bounded_range)
     return env
 
 
@@ -159,13 +227,27 @@ class ChatTemplate:
         context.setdefault("tools", None)
         context.setdefault("documents", None)
         jinja2 = _jinja()
+        _render.deadline = time.monotonic() + MAX_RENDER_SECONDS
         try:
-            return self._template.render(**context)
+            pieces, size = [], 0
+            for piece in self._template.generate(**context):
+                size += len(piece)
+                if size > MAX_RENDER_CHARS:
+                    raise ChatTemplateError(f"{self.where}: the chat template rendered over "
+                                            f"{MAX_RENDER_CHARS:,} characters (MAX_RENDER_CHARS)")
+                _tick()
+                pieces.append(piece)
+            return "".join(pieces)
+        except ChatTemplateError as e:
+            msg = str(e)
+            raise ChatTemplateError(msg if msg.startswith(self.where) else f"{self.where}: {msg}") from None
         except jinja2.TemplateError as e:  # raise_exception(), undefined names, sandbox refusals
             raise ChatTemplateError(f"{self.where}: the chat template refused the messages: {e}") from None
         except Exception as e:  # the template is code: any runtime error is its failure
             raise ChatTemplateError(f"{self.where}: the chat template failed "
-                                    f"({type(e).__name__}: {e})") from None
+                                    f"({type(e).__name__}: {str(e)[:300]})") from None
+        finally:
+            _render.deadline = None
 
     def end_of_turn_ids(self, special_ids):
         """Ids of the special tokens that end an assistant turn in this template.

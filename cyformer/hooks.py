@@ -381,9 +381,13 @@ def _replacement(name, old, new):
     if new is old:
         return old
     try:
-        arr = np.ascontiguousarray(new, dtype=np.float32)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"hook on {name}: the replacement is not a float array ({e})") from None
+        raw = np.asarray(new)
+        # checked before the cast: float32() of a complex array silently drops its imaginary part
+        if raw.dtype.kind not in "biuf":
+            raise TypeError(f"its dtype is {raw.dtype}, not a real number type")
+        arr = np.ascontiguousarray(raw, dtype=np.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"hook on {name}: the replacement is not a real float array ({e})") from None
     if arr.shape != old.shape:
         raise ValueError(f"hook on {name}: the replacement has shape {arr.shape}, "
                          f"the activation has shape {old.shape}")

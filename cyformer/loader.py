@@ -23,7 +23,7 @@ def load(path=None, *, threads=None, backend="cython", dtype=None, fold_ln=False
     """Load a GPT-2 checkpoint directory: config.json, model.safetensors and,
     when present, tokenizer.json, tokenizer_config.json (special tokens, chat
     template) and generation_config.json (eos ids, sampling defaults).  With
-    no path, the bundled default model.  A Hugging Face Hub name such as
+    no path (or its name, "pycode"), the bundled default model.  A Hugging Face Hub name such as
     "owner/name" that is not a directory is fetched or found in the local
     Hub cache (cyformer.hub; needs ``pip install cyformer[hub]``).
 
@@ -58,9 +58,15 @@ def load(path=None, *, threads=None, backend="cython", dtype=None, fold_ln=False
         path = default_model_path() if path is None else os.fsdecode(os.fspath(path))
     except TypeError:
         raise ValueError(f"load: path must be a str or os.PathLike, got {path!r}") from None
+    if path == DEFAULT_MODEL and not os.path.isdir(path):
+        path = default_model_path()  # the bundled model by its name, as `cyformer serve` calls it
     path = hub.resolve(path)  # a Hub name ("owner/name") -> its cached snapshot
     if not os.path.isdir(path):
-        raise ModelLoadError(f"{path}: model directory not found")
+        hint = ""
+        if "/" not in path and os.sep not in path:
+            hint = (f" (a Hugging Face Hub model is named owner/name, e.g. openai-community/{path}; "
+                    f"the bundled model is {DEFAULT_MODEL!r})")
+        raise ModelLoadError(f"{path}: model directory not found{hint}")
     cfg = read_config(os.path.join(path, "config.json"))
     weights = load_weights(path, cfg, dtype=dtype, progress=_progress(cfg, dtype))
     tokenizer = load_tokenizer(path)

@@ -39,7 +39,9 @@ class Model(LensAPI):
         # eos ids and default sampling values (generation_config.json)
         self.generation_config = generation_config if generation_config is not None else GenerationConfig()
         self.weights = weights
-        self.path = path
+        # absolute from the start: a later os.chdir must not make save(),
+        # pickle or copy read another directory's model
+        self.path = None if path is None else os.path.abspath(os.fspath(path))
         self.tokenizer = tokenizer if tokenizer is not None else NoTokenizer(path)
         self.threads = _checks.threads("load", threads)
         self.backend = make_backend(backend, cfg, weights, self.threads)

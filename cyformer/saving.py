@@ -53,8 +53,7 @@ def _save(model, directory):
     if src is None or not os.path.isfile(os.path.join(src, "config.json")):
         raise CyformerError("save: the model was not loaded from a directory with a config.json, "
                             "so there is no configuration to write")
-    if os.path.abspath(directory) == os.path.abspath(src):
-        raise CyformerError(f"save: {directory} is the directory the model was loaded from")
+    _refuse_source(directory, src)
     os.makedirs(directory, exist_ok=True)
     w, cfg = model.weights, model.config
     tensors = {}
@@ -82,6 +81,7 @@ def _save(model, directory):
     fmt = model.dtype
     meta = {SAVED_LAYOUT_KEY: "kernel", SAVED_FORMAT_KEY: fmt, SAVED_GROUP_KEY: "32",
             "cyformer.version": __version__}
+    _refuse_source(directory, src)  # again, just before writing: nothing may have moved in between
     tmp = os.path.join(directory, "model.safetensors.tmp")
     write_safetensors(tmp, tensors, meta)
     os.replace(tmp, os.path.join(directory, "model.safetensors"))
@@ -94,6 +94,31 @@ def _save(model, directory):
         if os.path.isfile(os.path.join(src, name)):
             shutil.copyfile(os.path.join(src, name), os.path.join(directory, name))
     return directory
+
+
+WRITTEN = ("model.safetensors", "model.safetensors.tmp", "config.json") + COPIED
+
+
+def _refuse_source(directory, src):
+    """Refuse a target that is the source or would write into it: the
+    directories compared by real path (a symlink or another spelling of the
+    same directory is the same directory), and every file save writes
+    compared with the source's files, since the weights are memory-mapped
+    from there and a write through a link would overwrite them."""
+    real_src = os.path.realpath(src)
+    if os.path.realpath(directory) == real_src:
+        raise CyformerError(f"save: {directory} is the directory the model was loaded from "
+                            f"({real_src}); choose another")
+    if not os.path.isdir(directory):
+        return
+    for name in WRITTEN:
+        target = os.path.realpath(os.path.join(directory, name))
+        if os.path.dirname(target) == real_src or (
+                os.path.exists(target) and any(os.path.exists(os.path.join(src, f)) and
+                                               os.path.samefile(target, os.path.join(src, f))
+                                               for f in os.listdir(src))):
+            raise CyformerError(f"save: {os.path.join(directory, name)} leads to the source model's "
+                                f"files ({real_src}); choose another directory")
 
 
 TAGS = {np.dtype(np.float32): "F32", np.dtype(np.uint16): "BF16", np.dtype(np.int8): "I8",

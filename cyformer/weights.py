@@ -660,6 +660,7 @@ def _load_saved(ck, cfg, dtype):
             continue
         data_shape, scale_shape = stored_shapes(p, shape, fmt)
         data = mapped(p, data_shape)
+        _warn_nonfinite(ck.path, p, data)
         if fmt == "float32" or not is_matrix(p):
             params[p] = data
             continue
@@ -668,6 +669,20 @@ def _load_saved(ck, cfg, dtype):
             raise ModelLoadError(f"{ck.path}: tensor {p + '.scale'!r} holds NaN or Inf")
         params[p] = Packed(matrix_format(fmt, p in TRANSPOSED), data, scale, tuple(shape), p in TRANSPOSED)
     return Weights.from_params(cfg, params)
+
+
+def _warn_nonfinite(path, name, data):
+    """Warn, as for a Hugging Face checkpoint, about NaN or Inf in a saved
+    float32 or bfloat16 tensor (int8 and int4 data hold no such values;
+    their scales are checked as they are mapped)."""
+    if data.dtype == np.float32:
+        bad = not np.isfinite(data).all()
+    elif data.dtype == np.uint16:  # bfloat16 bits: exponent all ones
+        bad = bool(((data & 0x7F80) == 0x7F80).any())
+    else:
+        return
+    if bad:
+        warnings.warn(f"{path}: tensor {name!r} contains NaN or Inf")
 
 
 def _same(a, b):

@@ -26,16 +26,44 @@ from .names import get_act_name
 def _apply_slice(x, sl, axis):
     """TransformerLens's Slice: None keeps all, an int takes one index (dropping
     the axis), a (start, stop[, step]) tuple or a slice takes a range, a list
-    or array takes those indices."""
+    or array takes those indices.  Anything else, or an index out of range,
+    is a clear TypeError or IndexError naming the slice."""
     if sl is None:
         return x
-    if isinstance(sl, (int, np.integer)):
+    n = x.shape[axis]
+
+    def is_int(v):
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if is_int(sl):
+        if not -n <= int(sl) < n:
+            raise IndexError(f"slice index {int(sl)} is out of range for an axis of {n}")
         return np.take(x, int(sl), axis=axis)
     if isinstance(sl, tuple):
+        if not 1 <= len(sl) <= 3 or not all(v is None or is_int(v) for v in sl):
+            raise TypeError(f"a slice tuple is (start, stop[, step]) of integers or None, got {sl!r:.80}")
         sl = slice(*sl)
-    index = [slice(None)] * x.ndim
-    index[axis] = sl if isinstance(sl, slice) else np.asarray(sl)
-    return x[tuple(index)]
+    if isinstance(sl, slice):
+        if not all(v is None or is_int(v) for v in (sl.start, sl.stop, sl.step)) or sl.step == 0:
+            raise TypeError(f"a slice takes integers or None and a non-zero step, got {sl!r:.80}")
+        index = sl
+    else:
+        if isinstance(sl, (str, bytes, dict, float, bool, np.bool_)):
+            raise TypeError(f"a slice is None, an int, a (start, stop[, step]) tuple, a slice or a list "
+                            f"of ints, got {type(sl).__name__} {sl!r:.40}")
+        index = np.asarray(sl)
+        if index.dtype.kind == "b":
+            if index.shape != (n,):
+                raise IndexError(f"a boolean slice needs {n} entries, got shape {index.shape}")
+        elif index.dtype.kind not in "iu" and index.size:
+            raise TypeError(f"a slice's indices must be integers, got {index.dtype}")
+        else:
+            index = index.astype(np.int64)
+            if index.size and (index.min() < -n or index.max() >= n):
+                raise IndexError(f"slice indices {index.min()}..{index.max()} out of range for an axis of {n}")
+    full = [slice(None)] * x.ndim
+    full[axis] = index
+    return x[tuple(full)]
 
 
 class ActivationCache(_NameCache):
