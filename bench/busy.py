@@ -1,7 +1,8 @@
 """cyformer on a quiet machine and on a busy one: how idle OpenMP threads should wait.
 
-    python bench/busy.py                          # before/after/1 thread, 5 rounds
+    python bench/busy.py                          # every policy on every machine state, 5 rounds
     python bench/busy.py --policy spin3000=GOMP_SPINCOUNT=3000,CYFORMER_ADAPTIVE_THREADS=0
+    python bench/busy.py --figures tiny --loads quiet,niced --rounds 7    # short interleaved rounds
 
 Each measurement runs in a fresh process, because libgomp reads its wait
 policy (OMP_WAIT_POLICY, GOMP_SPINCOUNT) once, when it loads, and cyformer
@@ -11,8 +12,11 @@ decode (100 tokens), then GPT-2-small geometry with random weights
 (bench/weights.py): prefill T=128 and decode (32 tokens), all medians.
 
 Policies are interleaved within each round, and every round runs them once
-on the quiet machine and once beside a competing process that busy-loops
-(`while True: pass`).  Other load on the machine is measured too (busy
+on each machine state (--loads): "quiet" (the machine as it is), "busy" (beside
+a process that busy-loops, `while True: pass`), "niced" (the same loop at nice
+5: the scheduler still gives it a share of a core, though a niced process is
+not counted as load by cyformer._cores) and "intermittent" (a loop that runs
+for 50 ms and sleeps for 50 ms, a neighbour that comes and goes).  Other load on the machine is measured too (busy
 cores from /proc/stat, less this benchmark's own processes) and reported
 next to each figure, so a round disturbed by someone else can be seen.
 Prints a markdown table of medians over rounds, with min-max.
@@ -28,16 +32,25 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# "before": cyformer before issue 14 (a fixed team of one thread per core);
-# "after": the team capped by the cores other processes leave free
-# (cyformer._cores); "passive": a fixed team whose idle threads sleep at once
+# "default": what cyformer does with no settings; "spin 300k": the default
+# before issue 29 (libgomp's own spin count: idle threads spin ~300,000 rounds
+# before they sleep); "passive": idle threads sleep at once
 # (OMP_WAIT_POLICY=passive), the usual advice for shared machines; "1 thread":
-# what a busy machine should not fall far below.
+# what a busy machine should never fall below.
 POLICIES = {
-    "before": {"CYFORMER_ADAPTIVE_THREADS": "0"},
-    "after": {},
-    "passive": {"OMP_WAIT_POLICY": "passive", "CYFORMER_ADAPTIVE_THREADS": "0"},
-    "1 thread": {"CYFORMER_BENCH_THREADS": "1", "CYFORMER_ADAPTIVE_THREADS": "0"},
+    "default": {},
+    "spin 300k": {"GOMP_SPINCOUNT": "300000"},
+    "passive": {"OMP_WAIT_POLICY": "passive"},
+    "1 thread": {"CYFORMER_BENCH_THREADS": "1"},
+}
+
+# The machine states: a neighbour process's code, and its nice level.
+LOADS = {
+    "quiet": None,
+    "busy": ("while True: pass", 0),
+    "niced": ("while True: pass", 5),
+    "intermittent": ("import time\nwhile True:\n    t = time.monotonic() + 0.05\n"
+                     "    while time.monotonic() < t: pass\n    time.sleep(0.05)", 0),
 }
 
 MEASURE = r'''
@@ -63,6 +76,10 @@ for _ in range(5):
 out["tiny forward (ms)"] = 1e3 * median_time(lambda: tiny.forward(ids), 30)
 out["tiny decode (tokens/s)"] = statistics.median(
     tiny.generate("def fib(n):", max_new_tokens=100).stats["decode_tokens_per_s"] for _ in range(3))
+out["threads"] = tiny.threads
+if os.environ.get("CYFORMER_BENCH_FIGURES") == "tiny":
+    print(json.dumps(out))
+    sys.exit(0)
 
 small = cyformer.load(make_checkpoint(sys.argv[2], seed=0, **GPT2_SMALL), threads=threads)
 prompt = np.random.default_rng(0).integers(0, GPT2_SMALL["vocab_size"], 128)
@@ -88,11 +105,12 @@ def process_jiffies(pid):
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def measure(policy_env, cache, hog):
+def measure(policy_env, cache, hog, figures="all"):
     """One measuring process -> (figures, other load in cores during it)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "CYFORMER_ADAPTIVE_THREADS")}
     env.update(policy_env)
+    env["CYFORMER_BENCH_FIGURES"] = figures
     hz = os.sysconf("SC_CLK_TCK")
     t0, b0 = time.perf_counter(), busy_jiffies()
     h0 = process_jiffies(hog.pid) if hog else 0
@@ -115,8 +133,10 @@ def main():
     ap.add_argument("--policy", action="append", default=[], metavar="NAME=VAR=VALUE[,VAR=VALUE]",
                     help="an extra policy to compare, e.g. spin3000=GOMP_SPINCOUNT=3000")
     ap.add_argument("--only-extra", action="store_true", help="compare only the --policy ones")
-    ap.add_argument("--loads", default="quiet,busy loop",
-                    help="which machines to measure on: quiet, busy loop or both (default)")
+    ap.add_argument("--loads", default=",".join(LOADS),
+                    help=f"machine states to measure on, of {', '.join(LOADS)} (default: all)")
+    ap.add_argument("--figures", choices=("all", "tiny"), default="all",
+                    help="tiny: only the bundled model's figures (a round takes seconds, not minutes)")
     ap.add_argument("--json", default=None, help="also write every raw figure here")
     ap.add_argument("--table", nargs="+", metavar="JSON", default=None,
                     help="only print the table of figures saved earlier with --json")
@@ -132,16 +152,23 @@ def main():
                                                                  "cyformer-bench"))
     cache = os.path.join(cache, "gpt2-small-random")
     loads = [lo.strip() for lo in args.loads.split(",")]
+    unknown = [lo for lo in loads if lo not in LOADS]
+    if unknown:
+        ap.error(f"unknown --loads {', '.join(unknown)}; choose from {', '.join(LOADS)}")
     raw = []  # (load, policy, round, figures, other load)
     for rnd in range(args.rounds):
         for load in loads:
-            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load != "quiet" else None
+            hog = None
+            if LOADS[load] is not None:
+                code, nice = LOADS[load]
+                hog = subprocess.Popen([sys.executable, "-c", code],
+                                       preexec_fn=(lambda n=nice: os.nice(n)) if nice else None)
             try:
                 time.sleep(0.5 if hog else 0)
                 names = list(policies)
                 names = names[rnd % len(names):] + names[:rnd % len(names)]  # rotate the order
                 for name in names:
-                    figures, other = measure(policies[name], cache, hog)
+                    figures, other = measure(policies[name], cache, hog, args.figures)
                     raw.append((load, name, rnd, figures, other))
                     print(f"round {rnd} {load:9} {name}: "
                           + ", ".join(f"{k} {v:.4g}" for k, v in figures.items() if isinstance(v, float))
@@ -165,7 +192,8 @@ def table(raw, policies):
     metrics = [k for k, v in raw[0][3].items() if isinstance(v, float)]
     lines = ["| machine | others' load | policy | runs | " + " | ".join(metrics) + " |",
              "|---" * (len(metrics) + 4) + "|"]
-    states = sorted({(lo, round(o)) for lo, _, _, _, o in raw}, key=lambda s: (s[0] != "quiet", s))
+    order = {name: i for i, name in enumerate(LOADS)}
+    states = sorted({(lo, round(o)) for lo, _, _, _, o in raw}, key=lambda s: (order.get(s[0], 99), s))
     for load, others in states:
         for name in policies:
             rows = [f for lo, n, _, f, o in raw if lo == load and n == name and round(o) == others]
