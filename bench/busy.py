@@ -13,10 +13,11 @@ decode (100 tokens), then GPT-2-small geometry with random weights
 
 Policies are interleaved within each round, and every round runs them once
 on each machine state (--loads): "quiet" (the machine as it is), "busy" (beside
-a process that busy-loops, `while True: pass`), "niced" (the same loop at nice
-5: the scheduler still gives it a share of a core, though a niced process is
-not counted as load by cyformer._cores) and "intermittent" (a loop that runs
-for 50 ms and sleeps for 50 ms, a neighbour that comes and goes).  Other load on the machine is measured too (busy
+a process that busy-loops, `while True: pass`), "niced" (two such loops at
+nice 5, a neighbour that would take every core: the scheduler still gives it
+a share, though cyformer._cores does not count niced time as load), "niced1"
+(one of them) and "intermittent" (a loop that runs for 50 ms and sleeps for
+50 ms, a neighbour that comes and goes).  Other load on the machine is measured too (busy
 cores from /proc/stat, less this benchmark's own processes) and reported
 next to each figure, so a round disturbed by someone else can be seen.
 Prints a markdown table of medians over rounds, with min-max.
@@ -44,13 +45,14 @@ POLICIES = {
     "1 thread": {"CYFORMER_BENCH_THREADS": "1"},
 }
 
-# The machine states: a neighbour process's code, and its nice level.
+# The machine states: a neighbour process's code, its nice level, and how many of them.
 LOADS = {
     "quiet": None,
-    "busy": ("while True: pass", 0),
-    "niced": ("while True: pass", 5),
+    "busy": ("while True: pass", 0, 1),
+    "niced": ("while True: pass", 5, 2),
+    "niced1": ("while True: pass", 5, 1),
     "intermittent": ("import time\nwhile True:\n    t = time.monotonic() + 0.05\n"
-                     "    while time.monotonic() < t: pass\n    time.sleep(0.05)", 0),
+                     "    while time.monotonic() < t: pass\n    time.sleep(0.05)", 0, 1),
 }
 
 MEASURE = r'''
@@ -105,7 +107,7 @@ def process_jiffies(pid):
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def measure(policy_env, cache, hog, figures="all"):
+def measure(policy_env, cache, hogs, figures="all"):
     """One measuring process -> (figures, other load in cores during it)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "CYFORMER_ADAPTIVE_THREADS")}
@@ -113,14 +115,14 @@ def measure(policy_env, cache, hog, figures="all"):
     env["CYFORMER_BENCH_FIGURES"] = figures
     hz = os.sysconf("SC_CLK_TCK")
     t0, b0 = time.perf_counter(), busy_jiffies()
-    h0 = process_jiffies(hog.pid) if hog else 0
+    h0 = sum(process_jiffies(h.pid) for h in hogs)
     c0 = os.times()
     r = subprocess.run([sys.executable, "-c", MEASURE, HERE, cache], env=env, capture_output=True,
                        text=True, timeout=900)
     c1 = os.times()
     wall = time.perf_counter() - t0
     ours = (c1.children_user + c1.children_system - c0.children_user - c0.children_system) * hz
-    hog_j = (process_jiffies(hog.pid) - h0) if hog else 0
+    hog_j = sum(process_jiffies(h.pid) for h in hogs) - h0
     other = max(0.0, (busy_jiffies() - b0 - ours - hog_j) / hz / wall)
     if r.returncode:
         raise SystemExit(f"measurement failed:\n{r.stderr[-3000:]}")
@@ -158,23 +160,24 @@ def main():
     raw = []  # (load, policy, round, figures, other load)
     for rnd in range(args.rounds):
         for load in loads:
-            hog = None
+            hogs = []
             if LOADS[load] is not None:
-                code, nice = LOADS[load]
-                hog = subprocess.Popen([sys.executable, "-c", code],
-                                       preexec_fn=(lambda n=nice: os.nice(n)) if nice else None)
+                code, nice, count = LOADS[load]
+                hogs = [subprocess.Popen([sys.executable, "-c", code],
+                                         preexec_fn=(lambda n=nice: os.nice(n)) if nice else None)
+                        for _ in range(count)]
             try:
-                time.sleep(0.5 if hog else 0)
+                time.sleep(0.5 if hogs else 0)
                 names = list(policies)
                 names = names[rnd % len(names):] + names[:rnd % len(names)]  # rotate the order
                 for name in names:
-                    figures, other = measure(policies[name], cache, hog, args.figures)
+                    figures, other = measure(policies[name], cache, hogs, args.figures)
                     raw.append((load, name, rnd, figures, other))
                     print(f"round {rnd} {load:9} {name}: "
                           + ", ".join(f"{k} {v:.4g}" for k, v in figures.items() if isinstance(v, float))
                           + f"; other load {other:.2f} cores", file=sys.stderr, flush=True)
             finally:
-                if hog:
+                for hog in hogs:
                     hog.kill()
                     hog.wait()
     if args.json:
