@@ -5,6 +5,7 @@ import os
 from . import hub
 from .config import read_config
 from .errors import ModelLoadError
+from .gguf import is_gguf as gguf_file, load as load_gguf
 from .model import Model
 from .model_files import read_generation_config
 from .tokenizer import load_tokenizer
@@ -20,7 +21,7 @@ def default_model_path():
 
 def load(path=None, *, threads=None, backend="cython", dtype=None, fold_ln=False, center_writing_weights=False,
          center_unembed=False, fold_value_biases=False):
-    """Load a GPT-2 checkpoint directory: config.json, model.safetensors and,
+    """Load a GGUF file (cyformer.gguf) or a checkpoint directory: config.json, model.safetensors and,
     when present, tokenizer.json, tokenizer_config.json (special tokens, chat
     template) and generation_config.json (eos ids, sampling defaults).  With
     no path (or its name, "pycode"), the bundled default model.  A Hugging Face Hub name such as
@@ -60,6 +61,10 @@ def load(path=None, *, threads=None, backend="cython", dtype=None, fold_ln=False
         raise ValueError(f"load: path must be a str or os.PathLike, got {path!r}") from None
     if path == DEFAULT_MODEL and not os.path.isdir(path):
         path = default_model_path()  # the bundled model by its name, as `cyformer serve` calls it
+    if os.path.isfile(path) and gguf_file(path):  # llama.cpp's format (cyformer.gguf)
+        if any(processing.values()):
+            raise ValueError("load: weight processing is not available for a GGUF file")
+        return load_gguf(path, dtype=dtype, threads=threads, backend=backend)
     path = hub.resolve(path)  # a Hub name ("owner/name") -> its cached snapshot
     if not os.path.isdir(path):
         hint = ""

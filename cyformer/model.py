@@ -68,10 +68,20 @@ class Model(LensAPI):
             self._float_weights = dequantized(self.weights)
         return self._float_weights
 
-    def save(self, directory):
+    def save(self, directory, format="safetensors", dtype=None):
         """Write the model, in its weight format, as a Hugging Face-style
         directory that ``cyformer.load(directory)`` maps without converting
-        (config, tokenizer files, model.safetensors; cyformer.saving)."""
+        (config, tokenizer files, model.safetensors; cyformer.saving).
+
+        format="gguf": one GGUF file at ``directory`` instead, every matrix
+        in dtype "f32" (default), "f16", "q8_0" or "q4_0" (cyformer.gguf),
+        which llama.cpp and ``cyformer.load`` read."""
+        if format == "gguf":
+            from .gguf import save as save_gguf
+            return save_gguf(self, directory, dtype or "f32")
+        if format != "safetensors" or dtype is not None:
+            raise ValueError(f"save: format must be 'safetensors' or 'gguf' (dtype only with 'gguf'), "
+                             f"got format={format!r}, dtype={dtype!r}")
         from .saving import save
         return save(self, directory)
 
@@ -89,7 +99,8 @@ class Model(LensAPI):
             raise TypeError("a Model built from weights in memory cannot be pickled or copied: "
                             "only one loaded with cyformer.load(path) can (it is loaded again)")
         from .loader import reload
-        return reload, (os.path.abspath(self.path), self.threads, self.backend.name, self.dtype,
+        return reload, (os.path.abspath(self.path), self.threads, self.backend.name,
+                        getattr(self, "load_dtype", self.dtype),
                         dict(self.processing))
 
     def forward(self, ids):
