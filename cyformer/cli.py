@@ -44,10 +44,13 @@ _positive_int = _int_at_least(1)
 _nonneg_int = _int_at_least(0)
 
 
+GGUF_TYPES = ("q8_0", "q4_0", "f16", "f32")
+
+
 def _model_args(p):
-    p.add_argument("--model", metavar="DIR|NAME", default=None,
+    p.add_argument("--model", metavar="DIR|FILE|NAME", default=None,
                    help="Hugging Face checkpoint directory (config.json, model.safetensors, "
-                        "tokenizer.json), or a Hub name such as owner/name (needs "
+                        "tokenizer.json), a GGUF file, or a Hub name such as owner/name (needs "
                         "pip install 'cyformer[hub]'; HF_HUB_OFFLINE=1 uses the local cache only); "
                         "default: the small Python-code model bundled with cyformer")
     p.add_argument("--threads", type=_positive_int, default=None,
@@ -120,10 +123,12 @@ def build_parser():
                     "included; norms, biases and the KV cache stay float32) to --dtype, and write a "
                     "directory that cyformer loads without converting again.",
         epilog="Example: cyformer quantize path/to/gpt2 gpt2-int8 --dtype int8")
-    q.add_argument("src", metavar="SRC", help="model directory or Hub name")
-    q.add_argument("dst", metavar="DST", help="directory to write (created; must not be SRC)")
-    q.add_argument("--dtype", choices=("bfloat16", "int8", "int4"), required=True,
-                   help="the format to convert to")
+    q.add_argument("src", metavar="SRC", help="model directory, GGUF file or Hub name")
+    q.add_argument("dst", metavar="DST", help="directory to write (created; must not be SRC), or a "
+                                              "file ending in .gguf to write llama.cpp's format")
+    q.add_argument("--dtype", choices=("bfloat16", "int8", "int4") + GGUF_TYPES, required=True,
+                   help="the format to convert to: bfloat16, int8, int4 for a directory; "
+                        "q8_0, q4_0, f16, f32 for a .gguf file")
 
     x = sub.add_parser(
         "inspect", help="look inside one forward pass: attention patterns and the logit lens",
@@ -369,14 +374,17 @@ def cmd_info(args):
         "d_mlp": cfg.d_mlp,
         "parameters": cfg.n_params(),
         "tied_unembedding": model.weights.tied,
-        "file_bytes": sum(os.path.getsize(os.path.join(model.path, f)) for f in os.listdir(model.path)
-                          if f.endswith(".safetensors")),
+        "file_bytes": (os.path.getsize(model.path) if os.path.isfile(model.path) else
+                       sum(os.path.getsize(os.path.join(model.path, f)) for f in os.listdir(model.path)
+                           if f.endswith(".safetensors"))),
         "dtype": model.dtype,
         "tokenizer": model.tokenizer.available,
         "prefix_cache_mb": DEFAULT_MB,  # cyformer serve's default (--prefix-cache-mb)
         "kv_bytes_per_position": 2 * cfg.n_layer * cfg.n_kv_head * cfg.d_head * 4,
         "build": cyformer.build_info(),
     }
+    if getattr(model, "gguf_tensors", None):
+        info["gguf_tensors"] = model.gguf_tensors
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -386,6 +394,8 @@ def cmd_info(args):
     print(f"geometry    {cfg.n_layer} layers, d_model {cfg.n_embd}, {cfg.n_head} heads of {cfg.d_head}, "
           f"d_mlp {cfg.d_mlp}, vocab {cfg.vocab_size}, context {cfg.n_positions}, {cfg.activation_function}")
     print(f"tokenizer   {'yes' if info['tokenizer'] else 'none (token ids only)'}")
+    for kind, t in (info.get("gguf_tensors") or {}).items():  # GGUF: the file's type and what runs
+        print(f"gguf        {kind:<18} {t['file']} -> {t['runs']}")
     per = info["kv_bytes_per_position"]
     print(f"kv cache    {per / 1024:.1f} KB per position; serve's prefix cache {DEFAULT_MB} MB "
           f"(--prefix-cache-mb) holds {DEFAULT_MB * 2**20 // per:,} positions")
@@ -458,6 +468,13 @@ def cmd_inspect(args):
 def cmd_quantize(args):
     import cyformer
 
+    if args.dst.endswith(".gguf") or args.dtype in GGUF_TYPES:
+        if not args.dst.endswith(".gguf") or args.dtype not in GGUF_TYPES:
+            raise ValueError(f"a .gguf file takes --dtype {', '.join(GGUF_TYPES)}; a directory "
+                             "bfloat16, int8 or int4")
+        out = cyformer.load(args.src, threads=1).save(args.dst, format="gguf", dtype=args.dtype)
+        print(f"wrote {out} (GGUF, matrices {args.dtype.upper()}, {os.path.getsize(out) / 1e6:.1f} MB)")
+        return 0
     model = cyformer.load(args.src, threads=1, dtype=args.dtype)
     out = model.save(args.dst)
     size = os.path.getsize(os.path.join(out, "model.safetensors"))

@@ -14,7 +14,7 @@ along each row; cyformer's block matrices are [in, out] (cyformer.weights),
 so matrices are repacked at load.  What each tensor type runs as is one
 table, RUNS: exact where the block format maps onto a cyformer format
 without loss (Q4_0's blocks of 32 4-bit codes with one scale are int4's
-groups; F16 widens to float32), converted to the nearest format otherwise.
+groups; F16 widens to float32), converted to int8 otherwise.
 A fused parameter (q | k | v, gate | up) whose parts differ in type runs in
 the most precise of their formats.  Where a tensor already has the kernel
 layout (an F32 embedding, the norms) it stays memory-mapped from the file.
@@ -44,17 +44,20 @@ ARCHITECTURES = ("gpt2", "llama", "mistral", "qwen2")
 PERMUTED = ("llama", "mistral")  # the converter permutes q and k rows for these
 
 # GGUF tensor type -> (the cyformer format it runs as, exact?).  F16 widens
-# to float32 (bfloat16 would drop three bits of its mantissa); the k-quants
-# and Q8_0 (blocks of 32 with an fp16 scale each, where cyformer's int8 has
-# one scale per output) are dequantized and converted: 4-bit kinds to int4,
-# 5- to 8-bit kinds to int8.
+# to float32 (bfloat16 would drop three bits of its mantissa).  Q8_0 (blocks
+# of 32 with an fp16 scale each, where cyformer's int8 has one scale per
+# output) and the k-quants are dequantized and converted to int8.  Q4_K
+# gives each group of 32 a minimum as well as a scale, which symmetric int4
+# cannot hold: converted to int4, a Q4_K copy of the bundled model went from
+# +4.8 % held-out perplexity (its own weights in float32) to +10.8 %; in
+# int8, +5.0 %.
 RUNS = {
     "F32": ("float32", True),
     "F16": ("float32", True),
     "BF16": ("bfloat16", True),
     "Q8_0": ("int8", False),
     "Q4_0": ("int4", True),
-    "Q4_K": ("int4", False),
+    "Q4_K": ("int8", False),
     "Q5_K": ("int8", False),
     "Q6_K": ("int8", False),
 }
@@ -89,8 +92,9 @@ def is_gguf(path):
 def _check_header(path, size):
     """Walk the header (metadata and tensor infos) checking every length
     against the file, so that the gguf package never loops over a lying
-    array length or slices past the end.  Returns the tensor infos:
-    {name: (ggml type id, dims (ne0 first), offset)}."""
+    array length or slices past the end; every tensor must lie inside the
+    file, in whole blocks of its type, without overlapping another.  Returns
+    the tensor infos: {name: (GGMLQuantizationType, dims (ne0 first), offset)}."""
     import gguf
 
     with open(path, "rb") as f:
@@ -122,8 +126,8 @@ def _check_header(path, size):
 
     def value(vtype, what):
         if vtype in _SCALAR_BYTES:
-            take(_SCALAR_BYTES[vtype], what)
-        elif vtype == _STRING:
+            return take(_SCALAR_BYTES[vtype], what)
+        if vtype == _STRING:
             take(u64(what), what)
         elif vtype == _ARRAY:
             itype, n = u32(what), u64(what)
@@ -131,7 +135,8 @@ def _check_header(path, size):
                 take(n * _SCALAR_BYTES[itype], what)
             elif itype == _STRING:
                 if n * 8 > len(head) - pos:
-                    raise ModelLoadError(f"{path}: {what}: an array of {n} strings cannot fit in the file")
+                    raise ModelLoadError(f"{path}: {what}: an array of {n} strings cannot fit in the file: "
+                                         "truncated or corrupt")
                 for _ in range(n):
                     take(u64(what), what)
             else:
@@ -148,9 +153,15 @@ def _check_header(path, size):
     if n_tensors > size // 24 or n_kv > size // 12:
         raise ModelLoadError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata keys, "
                              f"more than a {size}-byte file can hold")
+    alignment = 32  # GGUF's default
     for i in range(n_kv):
         key = string(f"metadata key #{i}")
-        value(u32(f"metadata {key!r}"), f"metadata {key!r}")
+        vtype = u32(f"metadata {key!r}")
+        raw = value(vtype, f"metadata {key!r}")
+        if key == "general.alignment":
+            alignment = struct.unpack("<I", raw)[0] if vtype == 4 else 0
+            if alignment == 0 or alignment & (alignment - 1):
+                raise ModelLoadError(f"{path}: general.alignment must be a power of two (uint32)")
     infos = {}
     for i in range(n_tensors):
         name = string(f"tensor name #{i}")
@@ -160,12 +171,35 @@ def _check_header(path, size):
         dims = struct.unpack(f"<{n_dims}Q", take(8 * n_dims, f"tensor {name!r}"))
         ttype, offset = u32(f"tensor {name!r}"), u64(f"tensor {name!r}")
         try:
-            gguf.GGMLQuantizationType(ttype)
+            qtype = gguf.GGMLQuantizationType(ttype)
         except ValueError:
             raise ModelLoadError(f"{path}: tensor {name!r} has unknown tensor type {ttype}") from None
         if name in infos:
             raise ModelLoadError(f"{path}: tensor {name!r} appears twice")
-        infos[name] = (ttype, dims, offset)
+        infos[name] = (qtype, dims, offset)
+    data_start = -(-pos // alignment) * alignment
+    spans = []
+    for name, (qtype, dims, offset) in infos.items():
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        if dims[0] % block:
+            raise ModelLoadError(f"{path}: tensor {name!r}: rows of {dims[0]} are not whole "
+                                 f"{qtype.name} blocks of {block}")
+        n = 1
+        for d in dims:
+            n = min(n * d, size * block)  # beyond the file already: stop growing
+        nbytes = n // block * type_size
+        if offset % alignment:
+            raise ModelLoadError(f"{path}: tensor {name!r}: offset {offset} is not a multiple of the "
+                                 f"alignment {alignment}")
+        if data_start + offset + nbytes > size:
+            raise ModelLoadError(f"{path}: tensor {name!r} ({qtype.name} {list(dims)}) at offset {offset} "
+                                 f"ends past the end of the file ({size} bytes): truncated or corrupt")
+        if nbytes:
+            spans.append((offset, offset + nbytes, name))
+    spans.sort()
+    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise ModelLoadError(f"{path}: tensors {a!r} and {b!r} overlap in the file")
     return infos
 
 
@@ -192,6 +226,9 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: metadata {key!r} is malformed ({e})") from None
         if kind is not None and not _is_kind(v, kind):
             raise ModelLoadError(f"{self.path}: metadata {key!r} must be {kind}, got {_clip(v)}")
+        if isinstance(v, float) and field.types == [gguf_float32()]:
+            # the shortest decimal of the stored float32: config.json's 1e-05, not 9.99999974e-06
+            v = float(str(np.float32(v)))
         return v
 
     def need(self, key, kind=None):
@@ -201,6 +238,12 @@ class GGUFFile:
 
     def type_name(self, name):
         return self.tensors[name].tensor_type.name
+
+
+def gguf_float32():
+    import gguf
+
+    return gguf.GGUFValueType.FLOAT32
 
 
 def _is_kind(v, kind):
@@ -230,27 +273,7 @@ def open_gguf(path):
         reader = gguf.GGUFReader(path, "r")
     except (ValueError, KeyError, IndexError, OverflowError, TypeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({_clip(str(e), 200)})") from None
-    tensors = {}
-    for t in reader.tensors:
-        ttype, dims, offset = infos[t.name]
-        qtype = gguf.GGMLQuantizationType(ttype)
-        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        if dims[0] % block:
-            raise ModelLoadError(f"{path}: tensor {t.name!r}: rows of {dims[0]} are not whole "
-                                 f"{qtype.name} blocks of {block}")
-        n = math.prod(dims)
-        nbytes = n // block * type_size
-        if offset % reader.alignment:
-            raise ModelLoadError(f"{path}: tensor {t.name!r}: offset {offset} is not a multiple of "
-                                 f"the alignment {reader.alignment}")
-        if reader.data_offset + offset + nbytes > size:
-            raise ModelLoadError(f"{path}: tensor {t.name!r} ({qtype.name} {list(dims)}) at offset {offset} "
-                                 f"ends past the end of the file ({size} bytes): truncated or corrupt")
-        tensors[t.name] = t
-    spans = sorted((t.data_offset, t.data_offset + t.n_bytes, t.name) for t in tensors.values() if t.n_bytes)
-    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
-        if begin_b < end_a:
-            raise ModelLoadError(f"{path}: tensors {a!r} and {b!r} overlap in the file")
+    tensors = {t.name: t for t in reader.tensors}  # every one checked by _check_header
     f = GGUFFile(path, reader, "", tensors)
     arch = f.need("general.architecture", "str")
     if arch not in ARCHITECTURES:
@@ -274,7 +297,7 @@ def read_config(f):
                "n_embd": f.need(f"{a}.embedding_length", "int"),
                "n_layer": f.need(f"{a}.block_count", "int"),
                "n_head": f.need(f"{a}.attention.head_count", "int"),
-               "n_inner": f.need(f"{a}.feed_forward_length", "int"),
+               "n_inner": f.need(f"{a}.feed_forward_length", "int"),  # None below where it is 4 C
                "layer_norm_epsilon": f.need(f"{a}.attention.layer_norm_epsilon", "number")}
     else:
         heads = f.need(f"{a}.attention.head_count", "int")
@@ -310,6 +333,8 @@ def read_config(f):
         v = f.get(f"tokenizer.ggml.{name}_token_id", None, "int")
         if v is not None:
             raw[f"{name}_token_id"] = v
+    if a == "gpt2" and raw["n_inner"] == 4 * raw["n_embd"]:
+        raw["n_inner"] = None  # GPT2Config's default, as config.json writes it
     try:
         return Config.from_dict(raw, source=f.path)
     except TypeError as e:
@@ -805,7 +830,7 @@ def _int4_q4_0(x, transposed, heads):
     nib, d = _permute(nib, heads), _permute(d, heads)
     blocks = nib.reshape(N, -1, 2, 16)
     qs = blocks[:, :, 0] | (blocks[:, :, 1] << 4)                  # [N, K/32, 16]
-    return np.concatenate([d.view(np.uint8).reshape(N, -1, 2), qs], axis=2).reshape(N, -1)
+    return np.concatenate([np.ascontiguousarray(d).view(np.uint8).reshape(N, -1, 2), qs], axis=2).reshape(N, -1)
 
 
 def save(model, path, dtype="f32"):

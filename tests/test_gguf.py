@@ -1,0 +1,452 @@
+"""GGUF files (cyformer.gguf): read, write, fidelity, bad files.
+
+Every file is made here from a random-weight checkpoint (GPT-2 and Llama
+geometries, the bundled model's tokenizer) with cyformer's writer or the
+``gguf`` package's writer and quantizers; nothing is downloaded.  Bounds:
+
+- F32: the safetensors model's logits, <= 1e-4 (they are computed from the
+  same float32 weights, so in practice equal).
+- F16, BF16, Q4_0: run without loss of the file's values (F16 widened to
+  float32, BF16 as bfloat16, Q4_0 as int4 with the same codes and scales),
+  so against a float32 model of the file's dequantized weights
+  (``load(path, dtype="float32")``) they differ only by float32 summation
+  order: <= 1e-4 relative to the largest logit.
+- Q8_0, Q4_K, Q5_K, Q6_K are converted at load (cyformer.gguf.RUNS): the
+  logits match the float reference within the error of that conversion,
+  which is bounded by converting the reference's own float weights the same
+  way (``load(path, dtype=fmt)`` gives identical logits: the same weights).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cyformer
+from cyformer.errors import ModelLoadError
+
+gguf = pytest.importorskip("gguf", reason="the gguf package (pip install 'cyformer[gguf]') reads and writes GGUF")
+
+from gguf_files import TOKENIZER_TEXTS, float_tensor, q4_k_blocks, random_blocks, rewrite  # noqa: E402
+from helpers import make_hf_checkpoint, make_hf_llama  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
+PYCODE = os.path.join(os.path.dirname(cyformer.__file__), "data", "pycode")
+TEXT = "def fib(n):\n    if n < 2:\n        return n  # 1234 ünïcode\n    return fib(n - 1) + fib(n - 2)\n"
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpt2")
+    hf = make_hf_checkpoint(str(d), seed=3, tokenizer_dir=PYCODE, vocab_size=4096, n_positions=128,
+                            n_embd=64, n_layer=2, n_head=4)
+    return str(d), hf
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    # inputs of 256 (k-quant super-blocks), 4 query heads of 64 sharing 2 key/value heads
+    hf = make_hf_llama(str(d), seed=4, vocab_size=4096, hidden_size=256, intermediate_size=256,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=128, rope_theta=5000.0, tie_word_embeddings=False)
+    shutil.copy(os.path.join(PYCODE, "tokenizer.json"), str(d))
+    return str(d), hf
+
+
+def _ids(model):
+    return model.encode(TEXT)
+
+
+# -- F32 / F16: the safetensors model's logits -----------------------------------
+
+@pytest.mark.parametrize("which", ["gpt2", "llama", "qwen2"])
+def test_f32_file_gives_the_safetensors_logits(tmp_path, gpt2_dir, llama_dir, which):
+    if which == "qwen2":
+        d = str(tmp_path / "qwen2")
+        make_hf_llama(d, "qwen2", seed=5, vocab_size=4096, hidden_size=64, intermediate_size=96,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=128)
+        shutil.copy(os.path.join(PYCODE, "tokenizer.json"), d)
+    else:
+        d = gpt2_dir[0] if which == "gpt2" else llama_dir[0]
+    st = cyformer.load(d, threads=2)
+    path = st.save(str(tmp_path / "m.gguf"), format="gguf", dtype="f32")
+    g = cyformer.load(path, threads=2)
+    same = ("n_inner", "head_dim")  # None: the default (4 C, C / H), which the file spells out
+    assert ({k: v for k, v in g.config.to_dict().items() if k not in same}
+            == {k: v for k, v in st.config.to_dict().items() if k not in same})
+    assert (g.config.d_mlp, g.config.d_head) == (st.config.d_mlp, st.config.d_head)
+    ids = _ids(st)
+    assert g.encode(TEXT) == ids
+    diff = np.abs(g.forward(ids) - st.forward(ids)).max()
+    assert diff <= 1e-4, diff
+    assert g.generate(ids, max_new_tokens=8) == st.generate(ids, max_new_tokens=8)
+
+
+def test_llama_rows_are_in_llama_cpp_order(tmp_path, llama_dir):
+    """transformers reads the file independently (its GGUF loader undoes
+    llama.cpp's q/k permutation itself): the logits equal the original
+    model's, so the file holds llama.cpp's row order, not ours."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    d, hf = llama_dir
+    path = cyformer.load(d).save(str(tmp_path / "l.gguf"), format="gguf", dtype="f32")
+    other = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="l.gguf").eval()
+    ids = torch.tensor([[5, 17, 300, 2, 4000, 9, 9, 81]])
+    with torch.no_grad():
+        diff = (other(ids).logits - hf(ids).logits).abs().max().item()
+    assert diff <= 1e-4, diff
+    q = float_tensor(path, "blk.0.attn_q.weight")
+    assert not np.allclose(q, hf.model.layers[0].self_attn.q_proj.weight.detach().numpy())
+
+
+def test_f16_file_is_its_weights_widened(tmp_path, gpt2_dir):
+    st = cyformer.load(gpt2_dir[0], threads=2)
+    path = st.save(str(tmp_path / "h.gguf"), format="gguf", dtype="f16")
+    g = cyformer.load(path, threads=2)
+    assert g.dtype == "float32"
+    ids = _ids(st)
+    w = float_tensor(path, "blk.0.attn_qkv.weight")   # [out, in]
+    np.testing.assert_array_equal(g.weights.blocks[0].c_attn.weight, w.T)
+    ref = st.forward(ids)
+    # the only change is each weight rounded to fp16 (relative 2^-11)
+    assert np.abs(g.forward(ids) - ref).max() <= 0.02 * np.abs(ref).max()
+
+
+# -- quantized types against the file's dequantized weights --------------------------
+
+def _with_types(src, dst, qtype, rng, names=None):
+    """src with every 2-d block matrix (or those in names) replaced by qtype blocks."""
+    r = gguf.GGUFReader(src)
+    out = {}
+    for t in r.tensors:
+        if len(t.shape) != 2 or t.name == "position_embd.weight" or (names and t.name not in names):
+            continue
+        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        if qtype == Q.Q4_K and w.shape[1] % 256 == 0:
+            out[t.name] = (q4_k_blocks(w), qtype)
+        elif qtype in (Q.Q5_K, Q.Q6_K) or (qtype == Q.Q4_K and w.shape[1] % 256 == 0):
+            out[t.name] = (random_blocks(rng, qtype, *w.shape, rms=float(np.sqrt(np.mean(w * w)))), qtype)
+        elif qtype == Q.BF16:
+            out[t.name] = (gguf.quants.quantize(w, qtype), qtype)
+    return rewrite(src, dst, tensors=out)
+
+
+@pytest.mark.parametrize("qtype, runs", [("q8_0", "int8"), ("q4_0", "int4")])
+def test_written_quantized_types(tmp_path, gpt2_dir, qtype, runs):
+    st = cyformer.load(gpt2_dir[0], threads=2)
+    path = st.save(str(tmp_path / f"{qtype}.gguf"), format="gguf", dtype=qtype)
+    g = cyformer.load(path, threads=2)
+    ref = cyformer.load(path, threads=2, dtype="float32")  # the file's dequantized weights
+    assert g.dtype == runs and g.gguf_tensors["attn_qkv"] == {"file": qtype.upper(), "runs": runs}
+    ids = _ids(st)
+    got, want = g.forward(ids), ref.forward(ids)
+    if qtype == "q4_0":  # the same codes and scales: only summation order differs
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+        w = ref.weights.blocks[1].mlp_c_proj.weight
+        np.testing.assert_array_equal(g.weights.blocks[1].mlp_c_proj.weight.dequantize(), w)
+    else:  # Q8_0 -> int8 per output: exactly cyformer's own int8 conversion of those weights
+        np.testing.assert_array_equal(got, cyformer.load(path, threads=2, dtype="int8").forward(ids))
+        assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("qtype, runs", [(Q.BF16, "bfloat16"), (Q.Q4_K, "int8"), (Q.Q5_K, "int8"),
+                                         (Q.Q6_K, "int8")])
+def test_k_quants_and_bf16(tmp_path, llama_dir, qtype, runs):
+    """Q4_K comes from a plain quantizer of the float weights; Q5_K and Q6_K
+    are random blocks (any bytes are valid weights).  BF16 runs as stored:
+    the float reference's logits within summation order (1e-4 of the
+    largest).  The k-quants are converted, and every matrix is exactly
+    cyformer's own conversion of the file's dequantized weights (whose error
+    bounds tests/test_formats.py checks), so the logits are too."""
+    rng = np.random.default_rng(0)
+    f32 = cyformer.load(llama_dir[0]).save(str(tmp_path / "f32.gguf"), format="gguf", dtype="f32")
+    path = _with_types(f32, tmp_path / "k.gguf", qtype, rng)
+    g = cyformer.load(path, threads=2)
+    ref = cyformer.load(path, threads=2, dtype="float32")
+    same = cyformer.load(path, threads=2, dtype=runs)
+    assert g.dtype == runs
+    assert g.gguf_tensors["attn_q"] == {"file": qtype.name, "runs": runs}
+    for a, b in ((g.weights.blocks[1].c_attn.weight, same.weights.blocks[1].c_attn.weight),
+                 (g.weights.lm_head, same.weights.lm_head)):
+        np.testing.assert_array_equal(a.data, b.data)
+    ids = _ids(g)
+    got, want = g.forward(ids), ref.forward(ids)
+    np.testing.assert_array_equal(got, same.forward(ids))
+    if qtype == Q.BF16:
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+# Held-out perplexity of the bundled model from GGUF files against its float32
+# (tests/test_formats.py's measure): the issue's bounds, Q8_0 within 1 %,
+# Q4_0 and Q4_K within 6 %.  Q4_K here is the plain quantizer of gguf_files
+# on every matrix (no Q6_K mix, no llama.cpp search): a harder case than a
+# real Q4_K_M file.  Measured: Q8_0 +0.07 %, Q4_0 +3.67 %, Q4_K +5.0 % (its
+# weights in float32: +4.8 %).
+GGUF_BOUNDS = {"q8_0": 0.01, "q4_0": 0.06, "q4_k": 0.06}
+
+
+@pytest.mark.parametrize("qtype", list(GGUF_BOUNDS))
+def test_accuracy_on_held_out_code(tmp_path, qtype):
+    from test_formats import held_out_ids, perplexity_and_top1
+
+    m = cyformer.load(threads=2)
+    ids = held_out_ids(m)
+    ppl32, _ = perplexity_and_top1(m, ids)
+    path = m.save(str(tmp_path / "m.gguf"), format="gguf", dtype="f32" if qtype == "q4_k" else qtype)
+    if qtype == "q4_k":
+        path = _with_types(path, tmp_path / "k.gguf", Q.Q4_K, None)
+    g = cyformer.load(path, threads=2)
+    ppl, _ = perplexity_and_top1(g, ids)
+    assert abs(ppl / ppl32 - 1) <= GGUF_BOUNDS[qtype], f"{qtype}: perplexity {ppl:.4f} vs float32 {ppl32:.4f}"
+    print(f"{qtype}: perplexity {ppl:.4f} vs float32 {ppl32:.4f} ({ppl / ppl32 - 1:+.2%})")
+
+
+def test_mixed_types_run_in_the_most_precise(tmp_path, llama_dir):
+    """q/k in Q4_0 (int4), v in Q8_0 (int8): the fused q|k|v runs as int8."""
+    q4 = cyformer.load(llama_dir[0]).save(str(tmp_path / "q4.gguf"), format="gguf", dtype="q4_0")
+    v = {}
+    for i in range(2):
+        n = f"blk.{i}.attn_v.weight"
+        v[n] = (gguf.quants.quantize(float_tensor(q4, n), Q.Q8_0), Q.Q8_0)
+    g = cyformer.load(rewrite(q4, tmp_path / "mixed.gguf", tensors=v))
+    assert g.weights.blocks[0].c_attn.weight.fmt == "int8"
+    assert g.weights.blocks[0].mlp_c_proj.weight.fmt == "int4"
+    assert g.gguf_tensors["attn_v"] == {"file": "Q8_0", "runs": "int8"}
+    assert g.gguf_tensors["attn_q"] == {"file": "Q4_0", "runs": "int8"}
+
+
+# -- writing: cyformer reloads bitwise; the CLI ------------------------------------
+
+@pytest.mark.parametrize("qtype", ["f32", "q4_0"])
+def test_read_and_written_again_is_the_same_file(tmp_path, llama_dir, qtype):
+    m = cyformer.load(llama_dir[0])
+    a = m.save(str(tmp_path / "a.gguf"), format="gguf", dtype=qtype)
+    b = cyformer.load(a).save(str(tmp_path / "b.gguf"), format="gguf", dtype=qtype)
+    ra, rb = gguf.GGUFReader(a), gguf.GGUFReader(b)
+    assert [t.name for t in ra.tensors] == [t.name for t in rb.tensors]
+    for x, y in zip(ra.tensors, rb.tensors):
+        assert x.tensor_type == y.tensor_type
+        np.testing.assert_array_equal(np.asarray(x.data), np.asarray(y.data), err_msg=x.name)
+
+
+def test_cli_quantize_and_info(tmp_path, gpt2_dir):
+    out = str(tmp_path / "q.gguf")
+    run = [sys.executable, "-m", "cyformer"]
+    p = subprocess.run(run + ["quantize", gpt2_dir[0], out, "--dtype", "q8_0"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "Q8_0" in p.stdout or "q8_0" in p.stdout
+    p = subprocess.run(run + ["info", "--model", out], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "attn_qkv" in p.stdout and "Q8_0 -> int8" in p.stdout
+    p = subprocess.run(run + ["generate", "def f(", "--model", out, "-n", "4"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run(run + ["quantize", gpt2_dir[0], out, "--dtype", "q5_1"], capture_output=True, text=True)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+
+
+def test_pickling_loads_the_file_again(tmp_path, gpt2_dir):
+    import pickle
+
+    path = cyformer.load(gpt2_dir[0]).save(str(tmp_path / "p.gguf"), format="gguf", dtype="q4_0")
+    m = cyformer.load(path)
+    again = pickle.loads(pickle.dumps(m))
+    ids = _ids(m)
+    np.testing.assert_array_equal(again.forward(ids), m.forward(ids))
+
+
+# -- the tokenizer --------------------------------------------------------------
+
+def _variant(src, dst, pre_tokenizer, normalizer=None, ignore_merges=False):
+    import json
+
+    with open(os.path.join(src, "tokenizer.json")) as f:
+        tj = json.load(f)
+    tj["pre_tokenizer"], tj["normalizer"] = pre_tokenizer, normalizer
+    tj["model"]["ignore_merges"] = ignore_merges
+    with open(os.path.join(dst, "tokenizer.json"), "w") as f:
+        json.dump(tj, f)
+
+
+def _split(pattern):
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "qwen2"])
+def test_tokenizer_encodes_as_tokenizer_json(tmp_path, pre):
+    from cyformer.gguf import LLAMA3_SPLIT, QWEN2_SPLIT
+
+    d = str(tmp_path / "m")
+    make_hf_checkpoint(d, seed=1, vocab_size=4096, n_positions=64, n_embd=32, n_layer=1, n_head=2)
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    variants = {
+        "gpt-2": (byte_level, None, False),
+        "smollm": ({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                                          byte_level]}, None, False),
+        "llama-bpe": (_split(LLAMA3_SPLIT), None, True),
+        "qwen2": (_split(QWEN2_SPLIT), {"type": "NFC"}, False),
+    }
+    _variant(PYCODE, d, *variants[pre])
+    st = cyformer.load(d)
+    path = st.save(str(tmp_path / "t.gguf"), format="gguf")
+    assert gguf.GGUFReader(path).fields["tokenizer.ggml.pre"].contents() == pre
+    g = cyformer.load(path)
+    for text in TOKENIZER_TEXTS:
+        assert g.encode(text) == st.encode(text), text
+        ids = st.encode(text)
+        assert g.decode(ids) == st.decode(ids)
+    assert g.tokenizer.special_tokens() == st.tokenizer.special_tokens()
+
+
+def test_chat_template_and_special_tokens_travel(tmp_path, llama_dir):
+    import json
+
+    d = str(tmp_path / "chat")
+    shutil.copytree(llama_dir[0], d)
+    template = "{% for m in messages %}<|endoftext|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": template, "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                   "add_bos_token": True}, f)
+    st = cyformer.load(d)
+    g = cyformer.load(st.save(str(tmp_path / "c.gguf"), format="gguf"))
+    assert g.tokenizer.config.chat_template == template
+    enc = g.tokenizer.encode("x = 1", add_special_tokens=True)
+    assert enc == st.tokenizer.encode("x = 1", add_special_tokens=True) and enc[0] == 0
+
+
+# -- bad files: a clear ModelLoadError each --------------------------------------------
+
+def _tensor_info_at(path, name):
+    """Byte offset just after a tensor's name in the header (n_dims follows)."""
+    data = open(path, "rb").read()
+    key = len(name).to_bytes(8, "little") + name.encode()
+    return data.index(key) + len(key)
+
+
+def _patch(path, dst, offset, raw):
+    data = bytearray(open(path, "rb").read())
+    data[offset:offset + len(raw)] = raw
+    open(dst, "wb").write(bytes(data))
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory, gpt2_dir):
+    d = tmp_path_factory.mktemp("good")
+    return cyformer.load(gpt2_dir[0]).save(str(d / "good.gguf"), format="gguf", dtype="q8_0")
+
+
+def test_truncated_file(tmp_path, good):
+    data = open(good, "rb").read()
+    for n in (3, 20, 2000, len(data) - 100):
+        p = tmp_path / f"t{n}.gguf"
+        p.write_bytes(data[:n])
+        with pytest.raises(ModelLoadError, match="truncated|past the end|not a GGUF"):
+            cyformer.load(str(p))
+
+
+def test_lying_offset_shape_and_type(tmp_path, good):
+    at = _tensor_info_at(good, "blk.1.ffn_down.weight")          # n_dims u32, dims 2 x u64, type, offset
+    bad = _patch(good, tmp_path / "off.gguf", at + 4 + 16 + 4, (2**40).to_bytes(8, "little"))
+    with pytest.raises(ModelLoadError, match="blk.1.ffn_down.weight.*past the end|alignment"):
+        cyformer.load(bad)
+    bad = _patch(good, tmp_path / "ty.gguf", at + 4 + 16, (99).to_bytes(4, "little"))
+    with pytest.raises(ModelLoadError, match="blk.1.ffn_down.weight.*unknown tensor type 99"):
+        cyformer.load(bad)
+    # a shape the metadata does not give: rows 64 -> 32 (its bytes then end early: no overlap)
+    bad = _patch(good, tmp_path / "sh.gguf", at + 4 + 8, (32).to_bytes(8, "little"))
+    with pytest.raises(ModelLoadError, match=r"blk.1.ffn_down.weight.*shape \[32, 256\], expected \[64, 256\]"):
+        cyformer.load(bad)
+    bad = _patch(good, tmp_path / "magic.gguf", 0, b"GGUX")
+    with pytest.raises(ModelLoadError):
+        cyformer.load(bad)
+
+
+def test_unsupported_tensor_type(tmp_path, good):
+    r = gguf.GGUFReader(good)
+    t = next(t for t in r.tensors if t.name == "blk.0.ffn_up.weight")
+    w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+    bad = rewrite(good, tmp_path / "q5.gguf", tensors={t.name: (gguf.quants.quantize(w, Q.Q5_0), Q.Q5_0)})
+    with pytest.raises(ModelLoadError, match="blk.0.ffn_up.weight.*type Q5_0.*does not read"):
+        cyformer.load(bad)
+
+
+@pytest.mark.parametrize("key", ["gpt2.block_count", "gpt2.embedding_length", "tokenizer.ggml.tokens",
+                                 "general.architecture"])
+def test_missing_metadata_key(tmp_path, good, key):
+    if key == "general.architecture":  # the writer always writes it: blank its value instead
+        bad = rewrite(good, tmp_path / "m.gguf", set_keys={key: ("", gguf.GGUFValueType.STRING)})
+        match = "architecture '' is not supported"
+    else:
+        bad = rewrite(good, tmp_path / "m.gguf", drop_keys=(key,))
+        match = f"missing metadata key '{key}'"
+    with pytest.raises(ModelLoadError, match=match):
+        cyformer.load(bad)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("tokenizer.ggml.model", "llama", "tokenizer kind 'llama'.*not supported"),
+    ("tokenizer.ggml.pre", "deepseek-coder", "pre-tokenizer 'deepseek-coder'.*not supported"),
+    ("general.architecture", "falcon", "architecture 'falcon' is not supported"),
+])
+def test_unsupported_kinds(tmp_path, good, key, value, match):
+    bad = rewrite(good, tmp_path / "k.gguf", set_keys={key: (value, gguf.GGUFValueType.STRING)})
+    with pytest.raises(ModelLoadError, match=match):
+        cyformer.load(bad)
+
+
+def test_wrongly_typed_metadata(tmp_path, good):
+    bad = rewrite(good, tmp_path / "w.gguf", set_keys={"gpt2.block_count": ("two", gguf.GGUFValueType.STRING)})
+    with pytest.raises(ModelLoadError, match="gpt2.block_count.*must be int"):
+        cyformer.load(bad)
+
+
+def test_cli_error_has_no_traceback(tmp_path, good):
+    p = tmp_path / "t.gguf"
+    p.write_bytes(open(good, "rb").read()[:5000])
+    r = subprocess.run([sys.executable, "-m", "cyformer", "info", "--model", str(p)], capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "truncated" in r.stderr
+
+
+# -- llama.cpp on the same file ------------------------------------------------------
+
+def _llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        pytest.skip("llama-cpp-python is not installed (pip install llama-cpp-python): "
+                    "the cross-check with llama.cpp needs it")
+    return llama_cpp
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_0"])
+def test_llama_cpp_loads_our_file_and_generates_the_same(tmp_path, gpt2_dir, llama_dir, which, qtype):
+    """llama.cpp loads what cyformer writes; greedy continuations agree
+    (F32: every token; the quantized types run differently inside, llama.cpp
+    quantizing activations to 8 bits, so they agree on the first token and
+    on at least half of 16)."""
+    llama_cpp = _llama_cpp()
+    d = gpt2_dir[0] if which == "gpt2" else llama_dir[0]
+    path = cyformer.load(d).save(str(tmp_path / "x.gguf"), format="gguf", dtype=qtype)
+    ours = cyformer.load(path, threads=2)
+    ids = _ids(ours)[:24]
+    theirs = llama_cpp.Llama(path, n_ctx=128, n_threads=2, logits_all=False, verbose=False)
+    got = []
+    for tok in theirs.generate(ids, temp=0.0, top_k=1, reset=True):
+        got.append(int(tok))
+        if len(got) == 16:
+            break
+    want = list(ours.generate(ids, max_new_tokens=16))  # may stop early at eos
+    got = got[:len(want)]
+    if qtype == "f32":
+        assert got == want
+    else:
+        assert got[0] == want[0] and np.mean(np.array(got) == np.array(want)) >= 0.5
