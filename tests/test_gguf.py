@@ -428,25 +428,37 @@ def _llama_cpp():
 
 @pytest.mark.parametrize("which", ["gpt2", "llama"])
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_0"])
-def test_llama_cpp_loads_our_file_and_generates_the_same(tmp_path, gpt2_dir, llama_dir, which, qtype):
-    """llama.cpp loads what cyformer writes; greedy continuations agree
-    (F32: every token; the quantized types run differently inside, llama.cpp
-    quantizing activations to 8 bits, so they agree on the first token and
-    on at least half of 16)."""
+def test_llama_cpp_runs_our_file_like_cyformer(tmp_path, gpt2_dir, llama_dir, which, qtype):
+    """llama.cpp loads what cyformer writes.  F32: its logits are the file's
+    within 1e-3 of the largest (it keeps the KV cache in F16) and greedy
+    generation gives the same 16 tokens.  Q8_0/Q4_0: llama.cpp quantizes
+    activations to 8 bits and cyformer runs Q8_0 as int8 per output, so both
+    differ from the file's float32 logits; wherever the float32 reference's
+    top token leads the runner-up by more than the two differences added,
+    both pick it (on random weights, near ties make whole greedy
+    continuations a matter of luck)."""
     llama_cpp = _llama_cpp()
     d = gpt2_dir[0] if which == "gpt2" else llama_dir[0]
     path = cyformer.load(d).save(str(tmp_path / "x.gguf"), format="gguf", dtype=qtype)
     ours = cyformer.load(path, threads=2)
+    ref = cyformer.load(path, threads=2, dtype="float32")
     ids = _ids(ours)[:24]
-    theirs = llama_cpp.Llama(path, n_ctx=128, n_threads=2, logits_all=False, verbose=False)
-    got = []
-    for tok in theirs.generate(ids, temp=0.0, top_k=1, reset=True):
-        got.append(int(tok))
-        if len(got) == 16:
-            break
-    want = list(ours.generate(ids, max_new_tokens=16))  # may stop early at eos
-    got = got[:len(want)]
+    theirs = llama_cpp.Llama(path, n_ctx=128, n_threads=2, logits_all=True, verbose=False)
+    theirs.eval(ids)
+    lc = np.array(theirs.scores[:len(ids)], dtype=np.float32)
+    got, want = ours.forward(ids), ref.forward(ids)
+    e_lc, e_ours = np.abs(lc - want).max(), np.abs(got - want).max()
     if qtype == "f32":
-        assert got == want
-    else:
-        assert got[0] == want[0] and np.mean(np.array(got) == np.array(want)) >= 0.5
+        assert e_lc <= 1e-3 * np.abs(want).max(), e_lc
+        gen = []
+        for tok in theirs.generate(ids, temp=0.0, top_k=1, reset=True):
+            gen.append(int(tok))
+            if len(gen) == 16:
+                break
+        mine = list(ours.generate(ids, max_new_tokens=16))  # may stop early at eos
+        assert gen[:len(mine)] == mine
+    top2 = np.sort(want, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > e_lc + e_ours
+    assert clear.sum() >= len(ids) // 2  # the check says something
+    np.testing.assert_array_equal(lc.argmax(1)[clear], want.argmax(1)[clear])
+    np.testing.assert_array_equal(got.argmax(1)[clear], want.argmax(1)[clear])
