@@ -9,11 +9,21 @@ from /proc/stat over the last ~0.2 s:
     free = cores in our affinity mask - their busy time spent by others
 
 "others" is every process but this one (our own time comes from
-getrusage), less time at a positive nice level (a niced process yields its
-core to us).  Results do not depend on the team size, so the cap changes
-only the speed.  CYFORMER_ADAPTIVE_THREADS=0 turns it off: every call then
-gets exactly the threads asked for.  Without /proc/stat (macOS, Windows)
-there is no cap.
+getrusage), less time at a positive nice level.  A niced process does not
+leave its core to us, though: the scheduler still gives it a share (a nice-5
+loop gets a quarter of a core beside one of ours), and a member descheduled
+for it holds up the rest of the team at every barrier.  So the cap also
+subtracts the scheduler's own account of what we did not get: the time our
+threads spent runnable but waiting for a CPU (/proc/self/task/*/schedstat's
+run delay), whoever took the CPU, niced or not:
+
+    free = cores - others' busy time - our threads' wait for a CPU
+
+Results do not depend on the team size, so the cap changes only the speed.
+CYFORMER_ADAPTIVE_THREADS=0 turns it off: every call then gets exactly the
+threads asked for; "others" counts only others' busy time (the rule before
+issue 29, kept for comparisons).  Without /proc/stat (macOS, Windows) there
+is no cap; without schedstat, no wait is counted.
 """
 
 import os
@@ -59,6 +69,23 @@ def _busy_seconds(cpus):
     return total / _TICK
 
 
+def _waiting_seconds():
+    """Seconds this process's threads have spent runnable but waiting for a
+    CPU (the run delay of /proc/self/task/*/schedstat), or None if unknown.
+    Threads that have ended take their delay with them; callers clamp."""
+    total = 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
+
+
 def _own_seconds():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -72,6 +99,7 @@ class _FreeCores:
         switch = os.environ.get("CYFORMER_ADAPTIVE_THREADS", "").strip().lower()
         self.enabled = (switch not in ("0", "false", "no", "off")
                         and self.cpus is not None and _busy_seconds(self.cpus) is not None)
+        self.count_waiting = switch != "others" and _waiting_seconds() is not None
         self.value = len(self.cpus) if self.cpus else available()
         self.restart()
 
@@ -80,7 +108,11 @@ class _FreeCores:
         call (a model has loaded by then) a window has passed; and in a forked
         child, whose own CPU time starts again from zero."""
         self.lock = threading.Lock()
-        self.last = (time.monotonic(), _busy_seconds(self.cpus), _own_seconds()) if self.enabled else None
+        self.last = (time.monotonic(), _busy_seconds(self.cpus), _own_seconds(),
+                     self._waiting()) if self.enabled else None
+
+    def _waiting(self):
+        return _waiting_seconds() if self.count_waiting else None
 
     def free(self):
         now = time.monotonic()
@@ -90,11 +122,13 @@ class _FreeCores:
         with self.lock:
             if self.last is not last:  # another thread just measured
                 return self.value
-            busy, own = _busy_seconds(self.cpus), _own_seconds()
+            busy, own, waiting = _busy_seconds(self.cpus), _own_seconds(), self._waiting()
             if last is not None and busy is not None and last[1] is not None:
-                others = max(0.0, (busy - last[1]) - (own - last[2])) / (now - last[0])
-                self.value = max(1, round(len(self.cpus) - others))
-            self.last = (now, busy, own)
+                span = now - last[0]
+                others = max(0.0, (busy - last[1]) - (own - last[2])) / span
+                waited = max(0.0, waiting - last[3]) / span if waiting is not None and last[3] is not None else 0.0
+                self.value = max(1, round(len(self.cpus) - others - waited))
+            self.last = (now, busy, own, waiting)
         return self.value
 
 

@@ -22,13 +22,15 @@ from cyformer import _cores
 
 class Clock:
     def __init__(self):
-        self.now, self.busy, self.own = 100.0, 1000.0, 10.0
+        self.now, self.busy, self.own, self.waiting = 100.0, 1000.0, 10.0, 5.0
 
-    def advance(self, seconds, others, ours=0.0):
-        """seconds pass, with others' and our busy cores over them."""
+    def advance(self, seconds, others, ours=0.0, waiting=0.0):
+        """seconds pass, with others' and our busy cores over them, and our
+        threads runnable but waiting for a CPU (in cores) over them."""
         self.now += seconds
         self.busy += (others + ours) * seconds
         self.own += ours * seconds
+        self.waiting += waiting * seconds
 
 
 @pytest.fixture
@@ -37,8 +39,9 @@ def clock(monkeypatch):
     monkeypatch.setattr(_cores, "time", types.SimpleNamespace(monotonic=lambda: c.now))
     monkeypatch.setattr(_cores, "_busy_seconds", lambda cpus: c.busy)
     monkeypatch.setattr(_cores, "_own_seconds", lambda: c.own)
+    monkeypatch.setattr(_cores, "_waiting_seconds", lambda: c.waiting)
     free = _cores._FreeCores()
-    free.cpus, free.enabled, free.value = [0, 1, 2, 3], True, 4
+    free.cpus, free.enabled, free.value, free.count_waiting = [0, 1, 2, 3], True, 4, True
     monkeypatch.setattr(_cores, "_free", free)
     return c
 
@@ -57,6 +60,29 @@ def test_our_own_threads_do_not_count_as_others(clock):
     assert _cores.team(4) == 4
     clock.advance(1.0, others=1.0, ours=3.0)
     assert _cores.team(4) == 3
+
+
+def test_time_our_threads_wait_for_a_cpu_counts_as_taken(clock):
+    """A niced neighbour is not in others' busy time, but the scheduler still
+    makes our threads wait for it: that wait shrinks the team too."""
+    _cores.team(4)
+    clock.advance(1.0, others=0.0, ours=3.0, waiting=1.0)
+    assert _cores.team(4) == 3
+    clock.advance(1.0, others=1.0, ours=2.0, waiting=2.0)
+    assert _cores.team(4) == 1
+    clock.advance(1.0, others=0.0, ours=4.0, waiting=0.0)
+    assert _cores.team(4) == 4
+    _cores._free.count_waiting = False  # CYFORMER_ADAPTIVE_THREADS=others
+    _cores._free.restart()
+    clock.advance(1.0, others=0.0, ours=2.0, waiting=2.0)
+    assert _cores.team(4) == 4
+
+
+def test_waiting_is_read_from_schedstat():
+    w = _cores._waiting_seconds()
+    if w is None:
+        pytest.skip("no /proc/self/task/*/schedstat here")
+    assert w >= 0.0
 
 
 def test_between_measurements_the_last_answer_stands(clock):
