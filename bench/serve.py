@@ -61,10 +61,11 @@ def engine_round(model, prompts, new_tokens, prefix_cache_mb=0):
                 prefix_cache_mb=prefix_cache_mb) as engine:
         gens = []
         from cyformer.generate import Generation
+        from cyformer.request import GenerationRequest
+        # random weights: ignore_eos gives always the full number of tokens
+        request = GenerationRequest(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
         for p in prompts:
-            g = Generation(model, p, new_tokens, temperature=0.0)
-            g.eos_ids = frozenset()  # random weights: always the full number of tokens
-            gens.append(g)
+            gens.append(Generation(model, p, request))
         t0 = time.perf_counter()
         engine.submit(gens, [sink(i) for i in range(len(prompts))])
         done.wait()

@@ -28,7 +28,7 @@ from datetime import datetime
 
 from .errors import ChatTemplateError, TokenizerError
 from .generate import Generation
-from .model_files import DEFAULT
+from .request import CHAT_MAX_NEW_TOKENS, GenerationRequest
 
 JINJA_MIN = (3, 1, 6)  # earlier versions have known sandbox escapes
 
@@ -315,10 +315,9 @@ def check_messages(messages):
     return out
 
 
-def chat_generation(model, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT,
-                    top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, template_vars=None,
-                    logprobs=False, top_logprobs=0):
-    """The Generation of the assistant's next turn (Model.chat and chat_stream)."""
+def chat_generation(model, messages, request=None, template_vars=None):
+    """The Generation of the assistant's next turn (Model.chat and chat_stream);
+    request: a GenerationRequest (None: the defaults, max_new_tokens 256)."""
     tokenizer = model.tokenizer
     if not tokenizer.available:
         raise TokenizerError(f"{model.path}: chat needs the checkpoint's tokenizer.json")
@@ -331,6 +330,6 @@ def chat_generation(model, messages, max_new_tokens=256, temperature=DEFAULT, to
     eos = template.special_tokens.get("eos_token")  # tokenizer_config.json's, which may differ
     if eos is not None and tokenizer.token_to_id(eos) is not None:
         end_ids.add(tokenizer.token_to_id(eos))
-    return Generation(model, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
-                      stop, seed, logprobs=logprobs, top_logprobs=top_logprobs,
-                      add_special_tokens=False, end_ids=end_ids)
+    if request is None:
+        request = GenerationRequest(max_new_tokens=CHAT_MAX_NEW_TOKENS)
+    return Generation(model, prompt, request, add_special_tokens=False, end_ids=end_ids)

@@ -78,8 +78,9 @@ def build_parser():
                     "Only text goes to standard output; --verbose adds statistics on standard error.")
     g.add_argument("prompt", help="text to continue (use $'...' in bash for newlines)")
     _model_args(g)
-    g.add_argument("-n", "--max-new-tokens", type=_nonneg_int, default=64, metavar="N",
-                   help="stop after N new tokens (default: 64, as Model.generate); generation also "
+    from .request import CHAT_MAX_NEW_TOKENS, MAX_NEW_TOKENS
+    g.add_argument("-n", "--max-new-tokens", type=_nonneg_int, default=MAX_NEW_TOKENS, metavar="N",
+                   help=f"stop after N new tokens (default: {MAX_NEW_TOKENS}, as Model.generate); generation also "
                         "stops at the end-of-text token or when the context window is full")
     g.add_argument("--truncate", action="store_true",
                    help="keep the end of a prompt too long for the context (room is left for N new "
@@ -105,8 +106,8 @@ def build_parser():
                    help="send this one user message, print only the reply, and exit")
     c.add_argument("--system", metavar="TEXT", default=None,
                    help="a system message that opens the conversation")
-    c.add_argument("-n", "--max-new-tokens", type=_nonneg_int, default=256, metavar="N",
-                   help="at most N tokens per reply (default: 256)")
+    c.add_argument("-n", "--max-new-tokens", type=_nonneg_int, default=CHAT_MAX_NEW_TOKENS, metavar="N",
+                   help=f"at most N tokens per reply (default: {CHAT_MAX_NEW_TOKENS})")
     _sampling_args(c)
     c.add_argument("-v", "--verbose", action="store_true",
                    help="print token counts and tokens/s of each reply to standard error")
@@ -242,15 +243,14 @@ def _sampling_args(p):
                    help="random seed: the same seed gives the same text")
 
 
-def _sampling(args):
-    """The sampling options; one not given takes the model's default."""
-    from .model_files import DEFAULT
+def _request(args, **more):
+    """The GenerationRequest of the command line; a sampling option not given
+    takes the model's default."""
+    from .request import GenerationRequest
 
-    def given(v):
-        return DEFAULT if v is None else v
-
-    return dict(temperature=given(args.temperature), top_k=given(args.top_k), top_p=given(args.top_p),
-                repetition_penalty=given(args.repetition_penalty), stop=args.stop, seed=args.seed)
+    return GenerationRequest.given(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                   repetition_penalty=args.repetition_penalty, stop=args.stop,
+                                   seed=args.seed, max_new_tokens=args.max_new_tokens, **more)
 
 
 def _load(args):
@@ -262,8 +262,7 @@ def _load(args):
 def cmd_generate(args):
     model = _load(args)
     # Validate every argument (by building the stream) before printing anything.
-    stream = model.stream(args.prompt, max_new_tokens=args.max_new_tokens, truncate=args.truncate,
-                          **_sampling(args))
+    stream = model.stream(args.prompt, request=_request(args, truncate=args.truncate))
     out = sys.stdout
     if not args.no_prompt:
         out.write(args.prompt)
@@ -305,13 +304,12 @@ def cmd_chat(args):
     model = _load(args)
     ChatTemplate.of(model)  # no template: say so before reading anything
     opening = [] if args.system is None else [{"role": "system", "content": args.system}]
-    sampling = _sampling(args)
-    # Bad values fail here, before any input is read.
-    model.generation_config.sampling(**{k: v for k, v in sampling.items() if k != "stop"})
+    request = _request(args)
+    request.sampling(model.generation_config)  # bad values fail here, before any input is read
     out = sys.stdout
 
     def reply(messages):
-        stream = model.chat_stream(messages, max_new_tokens=args.max_new_tokens, **sampling)
+        stream = model.chat_stream(messages, request=request)
         pieces = []
         for piece in stream:
             pieces.append(piece)

@@ -37,9 +37,9 @@ import numpy as np
 
 from . import _checks
 from .errors import CyformerError
-from .generate import CANCELLED, Decoding, Generation, TokenLogprob
+from .generate import CANCELLED, Decoding, Finished, Generation, TokenLogprob
 from .kv_cache import KVCache
-from .model_files import DEFAULT
+from .request import CHAT_MAX_NEW_TOKENS, NOT_GIVEN, GenerationRequest
 from .prefix_cache import DEFAULT_MB, PrefixCache
 
 MAX_BATCH = 16        # sequences decoded together
@@ -73,7 +73,7 @@ class Event(NamedTuple):
 _END = object()
 
 
-class EngineStream:
+class EngineStream(Finished):
     """One request's events, handed over from the scheduler's thread.
 
     Iterate it for Events (it ends when the generation does), or call
@@ -189,13 +189,6 @@ class EngineStream:
             raise self.error
         return self.generation.output()
 
-    @property
-    def finish_reason(self):
-        return self.generation.finish_reason
-
-    @property
-    def stats(self):
-        return self.generation.stats
 
 
 class _Sequence:
@@ -406,24 +399,17 @@ class Engine:
 
     # -- requests --
 
-    def generate(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
-                 repetition_penalty=DEFAULT, stop=None, seed=None, logprobs=False, top_logprobs=0,
-                 sink=None):
+    def generate(self, prompt, max_new_tokens=NOT_GIVEN, *, request=None, sink=None, **options):
         """Queue a generation (arguments as Model.generate); returns its EngineStream.
         Raises ValueError for bad arguments, EngineBusy when the queue is full."""
-        g = Generation(self.model, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
-                       stop, seed, logprobs=logprobs, top_logprobs=top_logprobs)
+        g = Generation(self.model, prompt, GenerationRequest.build(request, max_new_tokens, **options))
         return self.submit([g], sink)[0]
 
-    def chat(self, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
-             repetition_penalty=DEFAULT, stop=None, seed=None, logprobs=False, top_logprobs=0,
-             template_vars=None, sink=None):
+    def chat(self, messages, max_new_tokens=NOT_GIVEN, *, request=None, template_vars=None, sink=None, **options):
         """Queue the assistant's reply to ``messages`` (as Model.chat); returns its EngineStream."""
         from .chat import chat_generation
-        g = chat_generation(self.model, messages, max_new_tokens, temperature, top_k, top_p,
-                            repetition_penalty, stop, seed, template_vars,
-                            logprobs=logprobs, top_logprobs=top_logprobs)
-        return self.submit([g], sink)[0]
+        req = GenerationRequest.build(request, max_new_tokens, CHAT_MAX_NEW_TOKENS, **options)
+        return self.submit([chat_generation(self.model, messages, req, template_vars)], sink)[0]
 
     def submit(self, generations, sink=None):
         """Queue Generations (all or none); returns their EngineStreams.
@@ -507,7 +493,6 @@ class Engine:
 # -- Model.generate with a list of prompts --
 
 PER_PROMPT = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
-PROMPT_KEYS = frozenset(PER_PROMPT) | {"prompt", "stop", "logprobs", "top_logprobs"}
 
 
 def is_batch(prompt):
@@ -520,32 +505,35 @@ def is_batch(prompt):
     return False
 
 
-def batch_generations(model, prompts, **params):
-    """One Generation per prompt.  A value in PER_PROMPT may be a list with
-    one entry per prompt; a prompt may be a dict {"prompt": ..., key: value}
-    that overrides any argument for itself (stop lists go there, since a
-    list-valued stop is already one prompt's list of stop strings)."""
+def batch_generations(model, prompts, request=None, max_new_tokens=NOT_GIVEN, options=None):
+    """One Generation per prompt, from ``request`` and the keyword ``options``
+    (GenerationRequest's fields).  A value in PER_PROMPT (max_new_tokens
+    included) may be a list with one entry per prompt; a prompt may be a dict
+    {"prompt": ..., option: value} that overrides any option for itself (stop
+    lists go there, since a list-valued stop is already one prompt's list of
+    stop strings)."""
     prompts = list(prompts)
-    gens = []
+    options = dict(options or {})
+    if max_new_tokens is not NOT_GIVEN:
+        options["max_new_tokens"] = max_new_tokens
+    keys = frozenset(GenerationRequest.fields()) | {"prompt"}
     for name in PER_PROMPT:
-        v = params[name]
+        v = options.get(name)
         if isinstance(v, (list, tuple)) and len(v) != len(prompts):
             raise ValueError(f"generate: {name} has {len(v)} values for {len(prompts)} prompts")
+    gens = []
     for i, p in enumerate(prompts):
-        mine = {k: (v[i] if k in PER_PROMPT and isinstance(v, (list, tuple)) else v) for k, v in params.items()}
+        mine = {k: (v[i] if k in PER_PROMPT and isinstance(v, (list, tuple)) else v) for k, v in options.items()}
         if isinstance(p, dict):
-            unknown = set(p) - PROMPT_KEYS
+            unknown = set(p) - keys
             if unknown or "prompt" not in p:
                 raise ValueError(f"generate: prompt {i} is a dict; it needs 'prompt' and may set "
-                                 f"{', '.join(sorted(PROMPT_KEYS - {'prompt'}))}"
+                                 f"{', '.join(sorted(keys - {'prompt'}))}"
                                  + (f"; unknown: {', '.join(sorted(map(str, unknown)))}" if unknown else ""))
             mine.update((k, v) for k, v in p.items() if k != "prompt")
             p = p["prompt"]
         try:
-            gens.append(Generation(model, p, mine["max_new_tokens"], mine["temperature"], mine["top_k"],
-                                   mine["top_p"], mine["repetition_penalty"], mine["stop"], mine["seed"],
-                                   logprobs=mine["logprobs"], top_logprobs=mine["top_logprobs"],
-                                   truncate=mine.get("truncate", False)))
+            gens.append(Generation(model, p, GenerationRequest.build(request, **mine)))
         except ValueError as e:
             raise ValueError(f"generate: prompt {i}: {e}") from None
     return gens

@@ -9,15 +9,14 @@ points (cyformer.hooks), and the activations of every step are joined
 along the position axis: the decode's own activations, not a re-run.
 """
 
-import numbers
 import time
 from typing import NamedTuple
 
 import numpy as np
 
 from . import _checks
-from .model_files import DEFAULT
-from .sampling import Sampler
+from .request import GenerationRequest
+from .sampling import Sampler, log_softmax
 
 # Why a generation ended.
 LENGTH = "length"    # max_new_tokens reached
@@ -61,30 +60,32 @@ class GeneratedIds(list):
 
 
 def _check_stop(stop, has_text, vocab_size):
-    """stop -> (stop strings, set of stop token ids), or ValueError."""
-    if stop is None:
-        return [], set()
-    if isinstance(stop, (str, numbers.Integral)):
-        items = [stop]
-    elif isinstance(stop, (list, tuple, set, frozenset)):
-        items = list(stop)
-    else:
-        raise ValueError(f"stop must be a string, a token id or a list of them, got {stop!r}")
+    """stop (a GenerationRequest's tuple) -> (stop strings, set of stop token ids), or ValueError."""
     strings, ids = [], set()
-    for s in items:
+    for s in stop:
         if isinstance(s, str):
-            if not s:
-                raise ValueError("stop strings must be non-empty")
             strings.append(_checks.text("generate", "stop", s))
-        elif isinstance(s, numbers.Integral) and not isinstance(s, bool):
+        else:
             if not 0 <= s < vocab_size:
                 raise ValueError(f"stop holds token id {s}, outside [0, {vocab_size})")
             ids.add(int(s))
-        else:
-            raise ValueError(f"stop must hold strings or token ids, got {s!r}")
     if strings and not has_text:
         raise ValueError("stop strings need a tokenizer; pass stop token ids instead")
     return strings, ids
+
+
+class Finished:
+    """``finish_reason`` and ``stats`` of the Generation a stream hands out."""
+
+    generation: "Generation"
+
+    @property
+    def finish_reason(self):
+        return self.generation.finish_reason
+
+    @property
+    def stats(self):
+        return self.generation.stats
 
 
 class Generation:
@@ -93,17 +94,19 @@ class Generation:
     Iterating yields ``(token_id, text_piece)``; text pieces are '' while a
     multi-byte character is incomplete or while text might be the start of a
     stop string.  After the loop, ``finish_reason`` says why it ended.
+
+    request: a GenerationRequest (None: the defaults).  add_special_tokens:
+    encode a str prompt as transformers does (bos where the tokenizer adds
+    one); end_ids: more ids that end it as eos does; text: hand out text
+    (default: for a str prompt only).
     """
 
-    def __init__(self, model, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT,
-                 top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None,
-                 *, logprobs=False, top_logprobs=0, add_special_tokens=True, end_ids=(), text=None,
-                 truncate=False):
-        # add_special_tokens: encode a str prompt as transformers does (bos where
-        # the tokenizer adds one); end_ids: more ids that end it as eos does;
-        # text: hand out text (default: for a str prompt only); truncate: keep
-        # the end of a prompt too long for the context.
+    def __init__(self, model, prompt, request: GenerationRequest = None, *, cache_names=None,
+                 add_special_tokens=True, end_ids=(), text=None):
         cfg = model.config
+        req = self.request = request if request is not None else GenerationRequest()
+        if not isinstance(req, GenerationRequest):
+            raise TypeError(f"request must be a GenerationRequest, got {type(req).__name__}")
         self.model = model
         self.text_mode = isinstance(prompt, str) if text is None else bool(text)
         if isinstance(prompt, str):
@@ -116,11 +119,9 @@ class Generation:
         ids = _checks.token_ids("generate", "prompt", prompt_ids, cfg.vocab_size, ndim=1)
         if ids.size == 0:
             raise ValueError("prompt must hold at least one token")
-        self.max_new_tokens = _checks.integer("generate", "max_new_tokens", max_new_tokens)
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        self.max_new_tokens = req.max_new_tokens
         self.truncated_tokens = 0
-        if truncate and ids.size + self.max_new_tokens > cfg.n_positions:
+        if req.truncate and ids.size + self.max_new_tokens > cfg.n_positions:
             # keep the end, leaving room for the new tokens (and at least one prompt token)
             keep = max(1, cfg.n_positions - self.max_new_tokens)
             self.truncated_tokens = max(0, int(ids.size) - keep)
@@ -129,20 +130,21 @@ class Generation:
             raise ValueError(f"prompt has {ids.size} tokens, more than n_positions={cfg.n_positions}; "
                              "truncate=True (cyformer generate --truncate) keeps its end")
         # DEFAULT: the checkpoint's value (generation_config.json)
-        self.params = model.generation_config.sampling(temperature, top_k, top_p, repetition_penalty, seed)
-        self.eos_ids = model.generation_config.eos_ids(cfg) | frozenset(end_ids)
+        self.params = req.sampling(model.generation_config)
+        bad = [i for i, _ in self.params.logit_bias if i >= cfg.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias holds token id {bad[0]}, outside [0, {cfg.vocab_size})")
+        # ignore_eos: neither the checkpoint's eos ids nor a chat template's end of turn ends it
+        self.eos_ids = (frozenset() if req.ignore_eos else
+                        model.generation_config.eos_ids(cfg) | frozenset(end_ids))
         has_text = self.text_mode or model.tokenizer.available
-        self.stop_strings, self.stop_ids = _check_stop(stop, has_text, cfg.vocab_size)
-        if not isinstance(logprobs, (bool, np.bool_)):
-            raise ValueError(f"logprobs must be True or False, got {logprobs!r}")
-        self.top_logprobs = _checks.integer("generate", "top_logprobs", top_logprobs)
-        if not 0 <= self.top_logprobs <= cfg.vocab_size:
-            raise ValueError(f"top_logprobs must be in [0, {cfg.vocab_size}], got {top_logprobs}")
-        if self.top_logprobs and not logprobs:
-            raise ValueError("top_logprobs needs logprobs=True")
+        self.stop_strings, self.stop_ids = _check_stop(req.stop, has_text, cfg.vocab_size)
+        self.top_logprobs = req.top_logprobs
+        if self.top_logprobs > cfg.vocab_size:
+            raise ValueError(f"top_logprobs must be in [0, {cfg.vocab_size}], got {self.top_logprobs}")
         self.prompt_ids = ids
         self.tokens = []
-        self.logprobs = [] if logprobs else None  # a TokenLogprob per generated token
+        self.logprobs = [] if req.logprobs else None  # a TokenLogprob per generated token
         self.finish_reason = None
         self.stats = {}
         self.hooks = None  # HookPoints recording cache_names, when asked
@@ -228,16 +230,22 @@ class Decoding:
         g = self.g = generation
         self.sampler = Sampler(g.params)
         self.context = list(g.prompt_ids)
-        self.decoder = g.model.tokenizer.stream() if (g.text_mode or g.stop_strings) else None
+        self.decoder = (g.model.tokenizer.stream(skip_special_tokens=g.request.skip_special_tokens)
+                        if (g.text_mode or g.stop_strings) else None)
         self.text, self.emitted = "", 0  # generated text so far, and how much of it was handed out
         self.hold = max((len(s) for s in g.stop_strings), default=1) - 1
+        # ids that may not be sampled before min_tokens: those that would end it
+        self.enders = np.array(sorted(g.eos_ids | g.stop_ids), dtype=np.int64)
         self.next_token = None
         self.reason = None
         self.t0 = time.perf_counter()
         self.t_first = None  # when the first new token was chosen
 
     def _logprob(self, logits, tok):
-        lp = self.sampler.logprobs(logits, self.context)
+        if self.g.request.logprobs_mode == "raw":
+            lp = log_softmax(logits)
+        else:
+            lp = self.sampler.logprobs(logits, self.context, self.g.tokens)
         k = self.g.top_logprobs
         top = []
         if k:
@@ -252,7 +260,12 @@ class Decoding:
         if len(g.tokens) >= g.max_new_tokens:
             self.reason = LENGTH
             return []
-        tok = self.sampler(logits, self.context)
+        early = len(g.tokens) < g.request.min_tokens
+        scores = logits
+        if early and self.enders.size:
+            scores = np.array(logits, dtype=np.float32)
+            scores[self.enders] = -np.inf
+        tok = self.sampler(scores, self.context, g.tokens)
         if self.t_first is None:
             self.t_first = time.perf_counter()
         if tok in g.eos_ids:
@@ -267,9 +280,12 @@ class Decoding:
         self.context.append(tok)
         piece = ""
         if self.decoder is not None:
+            # a stop string ends in the new text: search from hold characters before it
+            start = max(0, len(self.text) - self.hold)
             self.text += self.decoder.push(tok)
             text = self.text
-            cut = min((i for i in (text.find(s) for s in g.stop_strings) if i >= 0), default=-1)
+            stops = g.stop_strings if len(g.tokens) >= g.request.min_tokens else ()
+            cut = min((i for i in (text.find(s, start) for s in stops) if i >= 0), default=-1)
             if cut >= 0:
                 self.text = text[:cut]
                 self.reason = STOP
@@ -315,7 +331,7 @@ class Decoding:
         return out
 
 
-class Stream:
+class Stream(Finished):
     """Iterator over generated pieces: str for a text prompt, int ids for an
     ids prompt.  ``finish_reason`` and ``stats`` are set once it is exhausted."""
 
@@ -335,11 +351,3 @@ class Stream:
                     return piece
             elif tok is not None:
                 return tok
-
-    @property
-    def finish_reason(self):
-        return self.generation.finish_reason
-
-    @property
-    def stats(self):
-        return self.generation.stats

@@ -18,7 +18,8 @@ from . import _checks
 from .backends import make_backend
 from .config import Config
 from .generate import Generation, Stream
-from .model_files import DEFAULT, GenerationConfig
+from .model_files import GenerationConfig
+from .request import CHAT_MAX_NEW_TOKENS, NOT_GIVEN, GenerationRequest
 from .tl.api import LensAPI
 from .tl.process import OPTIONS as PROCESSING_OPTIONS
 from .tokenizer import NoTokenizer
@@ -219,40 +220,44 @@ class Model(LensAPI):
 
     # -- generation -------------------------------------------------------
 
-    def generate(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
-                 repetition_penalty=DEFAULT, stop=None, seed=None, cache_names=None, logprobs=False,
-                 top_logprobs=0, truncate=False):
+    def generate(self, prompt, max_new_tokens=NOT_GIVEN, *, request=None, cache_names=None, **options):
         """Continue ``prompt`` (a str, or a sequence of token ids).
 
         Returns the new text (a str with ``.token_ids``, ``.finish_reason`` and
         ``.stats``) for a str prompt, or the new token ids (a list with
         ``.finish_reason`` and ``.stats``) for an ids prompt.
-        temperature 0 is greedy; ``seed`` makes sampling reproducible.  A
-        sampling argument not given takes the checkpoint's value from
-        generation_config.json (``generation_config.sampling()``); without that
-        file, greedy with no filters; None switches a filter off.  A str prompt
-        is encoded as transformers does (with bos where the tokenizer adds one).
-        It stops at max_new_tokens ("length"), an eos token ("eos": config.json's
-        eos_token_id, or generation_config.json's list), a stop string or
-        stop token id ("stop"; a stop string is cut from the text), or when the
-        n_positions context is full ("context").  A prompt longer than the
-        context is refused unless ``truncate=True``, which keeps its last
-        ``n_positions - max_new_tokens`` tokens (at least one) when prompt and
-        new tokens would not fit; ``.stats["truncated_tokens"]`` counts the
-        dropped ones.  Only the continuation is returned, never the prompt.
+
+        The options are cyformer.request.GenerationRequest's fields, given as
+        keywords (``temperature=0.7, stop=["\\n\\n"], seed=1``) or as one
+        ``request`` (keywords then override its fields); max_new_tokens
+        defaults to 64.  temperature 0 is greedy; ``seed`` makes sampling
+        reproducible.  A sampling option not given takes the checkpoint's value
+        from generation_config.json (``generation_config.sampling()``);
+        without that file, greedy with no filters; None switches a filter off.
+        A str prompt is encoded as transformers does (with bos where the
+        tokenizer adds one).  It stops at max_new_tokens ("length"), an eos
+        token ("eos": config.json's eos_token_id, or generation_config.json's
+        list), a stop string or stop token id ("stop"; a stop string is cut
+        from the text), or when the n_positions context is full ("context").
+        A prompt longer than the context is refused unless ``truncate=True``,
+        which keeps its last ``n_positions - max_new_tokens`` tokens (at least
+        one) when prompt and new tokens would not fit;
+        ``.stats["truncated_tokens"]`` counts the dropped ones.  Only the
+        continuation is returned, never the prompt.
 
         Several prompts (a list of str or of id lists, a 2-D id array) run
         together through the batched engine (cyformer.engine) and give a list
         of results, each equal to generating from that prompt alone.
         max_new_tokens, temperature, top_k, top_p, repetition_penalty and seed
         may then be lists with one value per prompt, and a prompt may be a
-        dict {"prompt": ..., "stop": ..., any other argument} of its own.
+        dict {"prompt": ..., "stop": ..., any other option} of its own.
 
         logprobs=True gives the result ``.logprobs``: per generated token a
         TokenLogprob (token, logprob, top), where top holds the
-        ``top_logprobs`` most likely tokens as (id, logprob) pairs; log
-        probabilities of the distribution after the repetition penalty and
-        the temperature (1 when greedy), before top-k/top-p, as OpenAI gives them.
+        ``top_logprobs`` most likely tokens as (id, logprob) pairs; by default
+        the model's own log-probabilities (log_softmax of the logits, before
+        any sampling option), with logprobs_mode="processed" those of the
+        scores sampled from.
 
         cache_names (a list of hook names or a predicate, as run_with_cache's
         names) also records those activations for every position of the
@@ -268,13 +273,9 @@ class Model(LensAPI):
         if is_batch(prompt):
             if cache_names is not None:
                 raise ValueError("generate: cache_names takes one prompt, not a list of them")
-            return run_batch(self, batch_generations(
-                self, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                top_p=top_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
-                logprobs=logprobs, top_logprobs=top_logprobs, truncate=truncate))
-        return Generation(self, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
-                          stop, seed, cache_names, logprobs=logprobs, top_logprobs=top_logprobs,
-                          truncate=truncate).result()
+            return run_batch(self, batch_generations(self, prompt, request, max_new_tokens, options))
+        req = GenerationRequest.build(request, max_new_tokens, **options)
+        return Generation(self, prompt, req, cache_names=cache_names).result()
 
     def score(self, text):
         """Per-token log-likelihoods of a given text (a str, encoded as a
@@ -294,27 +295,23 @@ class Model(LensAPI):
             out[t0:t1] = log_softmax(logits[t0:t1])[np.arange(t1 - t0), ids[t0 + 1:t1 + 1]]
         return out
 
-    def stream(self, prompt, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
-               repetition_penalty=DEFAULT, stop=None, seed=None, truncate=False):
+    def stream(self, prompt, max_new_tokens=NOT_GIVEN, *, request=None, **options):
         """Like generate(), but yields pieces as they are produced: str pieces
         (never splitting a UTF-8 character) for a str prompt, int ids for an
         ids prompt.  The returned iterator has ``finish_reason`` once exhausted."""
-        return Stream(Generation(self, prompt, max_new_tokens, temperature, top_k, top_p,
-                                 repetition_penalty, stop, seed, truncate=truncate))
+        return Stream(Generation(self, prompt, GenerationRequest.build(request, max_new_tokens, **options)))
 
-    def chat(self, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
-             repetition_penalty=DEFAULT, stop=None, seed=None, template_vars=None):
+    def chat(self, messages, max_new_tokens=NOT_GIVEN, *, request=None, template_vars=None, **options):
         """The assistant's reply to ``messages`` ([{"role": ..., "content": ...}, ...]),
         rendered with the checkpoint's chat template (cyformer.chat) and ended
-        at its end-of-turn token.  Sampling arguments as for generate(); returns
-        its result type for a str prompt."""
+        at its end-of-turn token.  Options as for generate(), max_new_tokens
+        defaulting to 256; returns its result type for a str prompt."""
         from .chat import chat_generation
-        return chat_generation(self, messages, max_new_tokens, temperature, top_k, top_p,
-                               repetition_penalty, stop, seed, template_vars).result()
+        req = GenerationRequest.build(request, max_new_tokens, CHAT_MAX_NEW_TOKENS, **options)
+        return chat_generation(self, messages, req, template_vars).result()
 
-    def chat_stream(self, messages, max_new_tokens=256, temperature=DEFAULT, top_k=DEFAULT,
-                    top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=None, template_vars=None):
+    def chat_stream(self, messages, max_new_tokens=NOT_GIVEN, *, request=None, template_vars=None, **options):
         """Like chat(), but yields the reply's str pieces as stream() does."""
         from .chat import chat_generation
-        return Stream(chat_generation(self, messages, max_new_tokens, temperature, top_k, top_p,
-                                      repetition_penalty, stop, seed, template_vars))
+        req = GenerationRequest.build(request, max_new_tokens, CHAT_MAX_NEW_TOKENS, **options)
+        return Stream(chat_generation(self, messages, req, template_vars))

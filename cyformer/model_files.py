@@ -239,8 +239,9 @@ class GenerationConfig:
         return frozenset(cfg.eos_token_ids)
 
     def sampling(self, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT, repetition_penalty=DEFAULT,
-                 seed=None):
+                 seed=None, **others):
         """SamplingParams from the caller's values; DEFAULT takes the checkpoint's.
+        ``others`` (min_p, the penalties, logit_bias) have no checkpoint value.
 
         As in transformers: without do_sample the checkpoint decodes greedily
         (temperature 0); with it, temperature and top_k default to 1.0 and 50
@@ -259,7 +260,7 @@ class GenerationConfig:
             top_p = self.top_p
         if repetition_penalty is DEFAULT:
             repetition_penalty = self.repetition_penalty
-        return SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
+        return SamplingParams(temperature, top_k, top_p, repetition_penalty, seed, **others)
 
 
 def read_generation_config(directory, vocab_size):

@@ -44,16 +44,25 @@ def _integer(name, value, minimum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy.  top_k keeps the k most likely tokens,
-    top_p the smallest set whose probability reaches p, and
-    repetition_penalty > 1 discourages tokens already in the context
-    (the CTRL / Hugging Face rule: positive logits divided, negative multiplied)."""
+    """The sampler's resolved parameters (cyformer.request.GenerationRequest
+    says what each means).  temperature 0 means greedy.  top_k keeps the k
+    most likely tokens, top_p the smallest set whose probability reaches p,
+    min_p those at least min_p times as likely as the most likely one, and
+    repetition_penalty > 1 discourages tokens already in the context (the
+    CTRL / Hugging Face rule: positive logits divided, negative multiplied).
+    logit_bias ((id, bias) pairs), presence_penalty and frequency_penalty
+    are added to the logits first (OpenAI's definitions, over generated
+    tokens)."""
 
     temperature: float = 0.0
     top_k: Optional[int] = None
     top_p: Optional[float] = None
     repetition_penalty: Optional[float] = None
     seed: Optional[int] = None
+    min_p: Optional[float] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple = ()
 
     def __post_init__(self):
         norm = {"temperature": _real("temperature", self.temperature, lambda v: v >= 0,
@@ -67,6 +76,12 @@ class SamplingParams:
                                                lambda v: v > 0, "a finite number > 0 (or None)")
         if self.seed is not None:
             norm["seed"] = _integer("seed", self.seed, 0)
+        if self.min_p is not None:
+            norm["min_p"] = _real("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1] (or None)",
+                                  zero_ok=True)
+        for name in ("presence_penalty", "frequency_penalty"):
+            norm[name] = _real(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]", zero_ok=True)
+        norm["logit_bias"] = tuple((int(i), float(b)) for i, b in self.logit_bias)
         for name, value in norm.items():  # frozen: set through object
             object.__setattr__(self, name, value)
 
@@ -82,11 +97,31 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.bias_ids = self.bias_values = None
+        if params.logit_bias:
+            self.bias_ids = np.array([i for i, _ in params.logit_bias], dtype=np.int64)
+            self.bias_values = np.array([b for _, b in params.logit_bias], dtype=np.float64)
 
-    def _penalised(self, logits, context_ids):
-        """logits [V] -> (float64 [V] after the repetition penalty, the ids it touched)."""
+    def _added(self, logits, output_ids):
+        """float64 [V]: logits plus logit_bias, less the presence and frequency
+        penalties of the generated tokens (OpenAI's definitions)."""
         p = self.params
         x = np.asarray(logits, dtype=np.float64)
+        if not (self.bias_ids is not None or (len(output_ids) and (p.presence_penalty or p.frequency_penalty))):
+            return x
+        x = x.copy()
+        if self.bias_ids is not None:
+            x[self.bias_ids] += self.bias_values
+        if len(output_ids) and (p.presence_penalty or p.frequency_penalty):
+            ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+            x[ids] -= counts * p.frequency_penalty + p.presence_penalty
+        return x
+
+    def _penalised(self, logits, context_ids, output_ids=()):
+        """logits [V] -> (float64 [V] after bias and penalties, the float64
+        logits before the repetition penalty, the ids that penalty touched)."""
+        p = self.params
+        x = base = self._added(logits, output_ids)
         r = p.repetition_penalty
         seen = None
         if r is not None and r != 1.0 and len(context_ids):
@@ -95,29 +130,30 @@ class Sampler:
             x = x.copy()
             with np.errstate(over="ignore"):  # v / r may overflow: _argmax settles that case
                 x[seen] = np.where(v > 0, v / r, v * r)
-        return x, seen
+        return x, base, seen
 
-    def penalised(self, logits, context_ids):
-        """logits [V] -> float64 [V] after the repetition penalty."""
-        return self._penalised(logits, context_ids)[0]
+    def penalised(self, logits, context_ids, output_ids=()):
+        """logits [V] -> float64 [V] after logit_bias and the penalties."""
+        return self._penalised(logits, context_ids, output_ids)[0]
 
-    def logprobs(self, logits, context_ids):
-        """float64 [V] log-probabilities of the next token as OpenAI reports
-        them: log_softmax of the logits after the repetition penalty and the
-        temperature (1 when greedy), before top-k and top-p filtering."""
-        x = self.penalised(logits, context_ids)
+    def logprobs(self, logits, context_ids, output_ids=()):
+        """float64 [V] log-probabilities of the scores sampled from: log_softmax
+        of the logits after logit_bias, the penalties and the temperature (1
+        when greedy), before top-k, top-p and min-p."""
+        x = self.penalised(logits, context_ids, output_ids)
         if self.params.temperature > 0:
             with np.errstate(over="ignore"):
                 x = x / self.params.temperature
         return log_softmax(x)
 
-    def __call__(self, logits, context_ids):
-        """logits [V] float32 for the next position; context_ids: the tokens so far."""
+    def __call__(self, logits, context_ids, output_ids=()):
+        """logits [V] float32 for the next position; context_ids: the tokens so
+        far (prompt and generated); output_ids: the generated ones."""
         p = self.params
         r = p.repetition_penalty
-        x, seen = self._penalised(logits, context_ids)
+        x, base, seen = self._penalised(logits, context_ids, output_ids)
         if p.temperature == 0.0:
-            return _argmax(x, logits, seen, r)
+            return _argmax(x, base, seen, r)
         with np.errstate(over="ignore"):
             x = x / p.temperature
         top = x.max()
@@ -125,7 +161,7 @@ class Sampler:
             # +inf: some score overflowed, and the largest is ~1e300 above the
             # rest; -inf: every score overflowed downwards.  Either way the
             # distribution is a point mass (NaN logits fall through to here too).
-            return _argmax(x, logits, seen, r)
+            return _argmax(x, base, seen, r)
         if p.top_k is not None and p.top_k < x.size:
             kth = np.partition(x, x.size - p.top_k)[x.size - p.top_k]
             x = np.where(x >= kth, x, -np.inf)
@@ -140,6 +176,9 @@ class Sampler:
             mask = np.zeros_like(probs)
             mask[keep] = probs[keep]
             probs = mask / mask.sum()
+        if p.min_p:  # relative to the most likely token (vLLM's order: after top-k and top-p)
+            probs = np.where(probs >= p.min_p * probs.max(), probs, 0.0)
+            probs /= probs.sum()
         cdf = np.cumsum(probs)
         return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), x.size - 1))
 

@@ -35,6 +35,7 @@ from .engine import Engine, EngineBusy, EngineClosed
 from .errors import ChatTemplateError, CyformerError, TokenizerError
 from .generate import CONTEXT, EOS, LENGTH, STOP, Generation
 from .model_files import DEFAULT
+from .request import GenerationRequest
 
 API_KEY_ENV = "CYFORMER_API_KEY"
 MAX_N = 16                  # choices per request
@@ -156,7 +157,7 @@ class Server:
             for j in range(n):
                 gens.append(self._generation(
                     f"prompt{'' if len(prompts) == 1 else f'[{i}]'}",
-                    lambda kw, p=p: Generation(self.model, p, text=True, **kw),
+                    lambda req, p=p: Generation(self.model, p, req, text=True),
                     max_tokens, sampling, j, logprobs is not None, logprobs or 0))
         return gens, logprobs is not None
 
@@ -174,7 +175,7 @@ class Server:
         top = f.integer("top_logprobs", 0, MAX_TOP_LOGPROBS, 0)
         if top and not logprobs:
             raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
-        gens = [self._generation("messages", lambda kw: chat_generation(self.model, messages, **kw),
+        gens = [self._generation("messages", lambda req: chat_generation(self.model, messages, req),
                                  max_tokens, sampling, j, logprobs, top) for j in range(n)]
         return gens, logprobs
 
@@ -184,8 +185,8 @@ class Server:
                   logprobs=logprobs, top_logprobs=top)
         try:
             # no max_tokens: up to the end of the context (finish_reason "length")
-            return make(dict(kw, max_new_tokens=self.model.config.n_positions if max_tokens is None
-                             else max_tokens))
+            return make(GenerationRequest(**kw, max_new_tokens=self.model.config.n_positions
+                                          if max_tokens is None else max_tokens))
         except (TokenizerError, ChatTemplateError) as e:
             raise _bad(param, str(e)) from None
         except ValueError as e:

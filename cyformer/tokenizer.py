@@ -45,8 +45,8 @@ class Tokenizer:
             ids.insert(0, self.bos_id)
         return ids
 
-    def decode(self, ids):
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+    def decode(self, ids, skip_special_tokens=True):
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token):
         return self._tok.token_to_id(token)
@@ -55,8 +55,8 @@ class Tokenizer:
         """Text -> id of every added token marked special (<|im_end|>, <|eot_id|>, ...)."""
         return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
-    def stream(self):
-        return StreamDecoder(self)
+    def stream(self, skip_special_tokens=True):
+        return StreamDecoder(self, skip_special_tokens)
 
 
 class StreamDecoder:
@@ -64,13 +64,14 @@ class StreamDecoder:
     multi-byte UTF-8 character: while the decoded bytes end inside a
     character (shown as U+FFFD), the tokens are held back."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, skip_special_tokens=True):
         self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
         self.pending = []
 
     def push(self, token_id):
         self.pending.append(token_id)
-        text = self.tokenizer.decode(self.pending)
+        text = self.tokenizer.decode(self.pending, self.skip)
         if text.endswith("\ufffd"):
             return ""
         self.pending = []
@@ -78,7 +79,7 @@ class StreamDecoder:
 
     def flush(self):
         """Whatever is still held (an incomplete character decodes to U+FFFD)."""
-        text = self.tokenizer.decode(self.pending) if self.pending else ""
+        text = self.tokenizer.decode(self.pending, self.skip) if self.pending else ""
         self.pending = []
         return text
 

@@ -243,15 +243,19 @@ def test_prefix_cache_lookup_copies_rows(gpt2):
 # -- logprobs and score against transformers --
 
 def test_logprobs_match_transformers(tokenized_checkpoint):
+    """Default ("raw"): log_softmax of the model's logits whatever the sampling
+    options; "processed": of the scores sampled from (here logits / temperature)."""
     path, hf = tokenized_checkpoint
     m = cyformer.load(path)
     prompt = m.encode("def fib(n):")
-    for temperature, seed in ((0.0, None), (0.7, 5)):
+    for temperature, seed, mode in ((0.0, None, "raw"), (0.7, 5, "raw"), (0.7, 5, "processed"),
+                                    (0.0, None, "processed")):
         out = m.generate(prompt, max_new_tokens=8, temperature=temperature, seed=seed, logprobs=True,
-                         top_logprobs=5)
+                         top_logprobs=5, logprobs_mode=mode, repetition_penalty=None)
         ids = prompt + list(out)
         ref = hf_logits(hf, ids)[0].astype(np.float64)[len(prompt) - 1:len(ids) - 1]
-        ref = ref / (temperature or 1.0)
+        if mode == "processed":
+            ref = ref / (temperature or 1.0)
         ref = ref - np.log(np.exp(ref - ref.max(-1, keepdims=True)).sum(-1, keepdims=True)) - ref.max(-1, keepdims=True)
         assert len(out.logprobs) == len(out) > 0
         for row, tl, tok in zip(ref, out.logprobs, out):
@@ -264,6 +268,12 @@ def test_logprobs_match_transformers(tokenized_checkpoint):
     assert m.generate(prompt, max_new_tokens=2).logprobs is None
     with pytest.raises(ValueError, match="top_logprobs needs logprobs=True"):
         m.generate(prompt, top_logprobs=2)
+    # the checkpoint's repetition penalty changes the choice, never the reported value
+    pen = m.generate(prompt, max_new_tokens=4, repetition_penalty=5.0, logprobs=True)
+    ref = hf_logits(hf, prompt + list(pen))[0].astype(np.float64)[len(prompt) - 1:-1]
+    ref = ref - ref.max(-1, keepdims=True)
+    ref = ref - np.log(np.exp(ref).sum(-1, keepdims=True))
+    assert [t.logprob for t in pen.logprobs] == pytest.approx([r[t] for r, t in zip(ref, pen)], abs=1e-4)
 
 
 def test_score_matches_transformers(tokenized_checkpoint):

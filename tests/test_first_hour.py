@@ -124,10 +124,9 @@ def test_inspect_without_matplotlib_still_writes_html(tmp_path):
 
 
 def test_cli_and_python_share_the_default_length():
-    import inspect
-
     from cyformer.cli import build_parser
 
-    args = build_parser().parse_args(["generate", "x"])
-    assert args.max_new_tokens == inspect.signature(cyformer.Model.generate).parameters[
-        "max_new_tokens"].default
+    from cyformer.request import CHAT_MAX_NEW_TOKENS, GenerationRequest
+
+    assert build_parser().parse_args(["generate", "x"]).max_new_tokens == GenerationRequest().max_new_tokens
+    assert build_parser().parse_args(["chat"]).max_new_tokens == CHAT_MAX_NEW_TOKENS

@@ -27,7 +27,6 @@ Common keyword arguments of score/generate/collect:
     on_shard       called with each shard's manifest record once it is written
 """
 
-from ..model_files import DEFAULT
 from .activations import Collect
 from .corpus import Corpus, CorpusError, Row, open_corpus
 from .completion import Generate
@@ -51,16 +50,20 @@ def score(corpus, out, model=None, *, stride=None, per_token=False, **run):
     return run_job(Score(stride, per_token), corpus, out, model, **run)
 
 
-def generate(corpus, out, model=None, *, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT,
-             top_p=DEFAULT, repetition_penalty=DEFAULT, stop=None, seed=0, **run):
+def generate(corpus, out, model=None, *, seed=0, request=None, **options):
     """A completion for every prompt (the ``prompt`` field by default).
 
-    Sampling arguments as for Model.generate (not given: the checkpoint's
-    defaults); a row's own fields of the same names override them, and a
-    row without a seed uses seed + its row index.  -> Summary.
+    Generation options as for Model.generate (GenerationRequest's fields as
+    keywords, or ``request``; not given: the checkpoint's defaults, and
+    max_new_tokens 64); the other keywords are the common ones above.  A
+    row's own fields of the same names override them, and a row without a
+    seed uses seed + its row index.  -> Summary.
     """
-    job = Generate(max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed)
-    return run_job(job, corpus, out, model, **run)
+    from ..request import GenerationRequest
+
+    mine = {k: options.pop(k) for k in list(options) if k in GenerationRequest.fields()}
+    job = Generate(GenerationRequest.build(request, **mine), seed)
+    return run_job(job, corpus, out, model, **options)
 
 
 def collect(corpus, out, model=None, *, hooks, dtype="float32", save_as="safetensors", max_tokens=None,

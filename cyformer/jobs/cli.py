@@ -6,6 +6,8 @@ cyformer.cli adds these subcommands with ``add_commands`` and calls
 
 import sys
 
+from ..request import MAX_NEW_TOKENS
+
 COMMANDS = ("score", "generate-corpus", "collect")
 
 _EPILOG = ("The output directory holds Parquet shards (score, generate-corpus) or activation shards "
@@ -63,8 +65,8 @@ def add_commands(sub, model_args, positive_int, nonneg_int):
                     "options here; a row without a seed uses --seed plus its row index.",
         epilog=_EPILOG + "  Example: cyformer generate-corpus prompts.jsonl --out gen/ -n 64 -t 0.8")
     _common(g, model_args, positive_int, "prompt")
-    g.add_argument("-n", "--max-new-tokens", type=nonneg_int, default=64, metavar="N",
-                   help="new tokens per prompt at most (default: 64)")
+    g.add_argument("-n", "--max-new-tokens", type=nonneg_int, default=MAX_NEW_TOKENS, metavar="N",
+                   help=f"new tokens per prompt at most (default: {MAX_NEW_TOKENS})")
     g.add_argument("-t", "--temperature", type=float, default=None,
                    help="sampling temperature; 0 is greedy (default: the model's generation_config.json)")
     g.add_argument("--top-k", type=positive_int, default=None, metavar="K")
@@ -94,7 +96,6 @@ def add_commands(sub, model_args, positive_int, nonneg_int):
 
 def main(args):
     from . import collect, generate, score
-    from ..model_files import DEFAULT
 
     run = dict(model=args.model, field=args.field, corpus_format=args.corpus_format, split=args.split,
                shard_rows=args.shard_rows, engine="ray" if args.ray else "local", workers=args.workers,
@@ -105,12 +106,11 @@ def main(args):
     if args.command == "score":
         summary = score(args.corpus, args.out, stride=args.stride, per_token=args.per_token, **run)
     elif args.command == "generate-corpus":
-        def given(v):
-            return DEFAULT if v is None else v
-        summary = generate(args.corpus, args.out, max_new_tokens=args.max_new_tokens,
-                           temperature=given(args.temperature), top_k=given(args.top_k),
-                           top_p=given(args.top_p), repetition_penalty=given(args.repetition_penalty),
-                           stop=args.stop, seed=args.seed, **run)
+        from ..request import GenerationRequest
+        request = GenerationRequest.given(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                          repetition_penalty=args.repetition_penalty, stop=args.stop,
+                                          max_new_tokens=args.max_new_tokens)
+        summary = generate(args.corpus, args.out, request=request, seed=args.seed, **run)
     else:
         hooks = [h.strip() for h in args.hooks.split(",") if h.strip()]
         summary = collect(args.corpus, args.out, hooks=hooks, dtype=args.save_dtype, save_as=args.save_as,

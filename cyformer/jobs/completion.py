@@ -2,7 +2,8 @@
 
 Each row's prompt runs through ``model.generate`` with the job's sampling
 parameters, which a row overrides with fields of its own of the same names:
-max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed.
+max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed
+(or any other GenerationRequest option that changes the completion).
 A row without a seed gets ``seed + row`` (the job's seed, default 0), so a
 sampled completion depends only on the row, never on which worker ran it.
 A row whose values generate() refuses (a prompt longer than the context, a
@@ -21,31 +22,42 @@ A seed must fit the column: an integer in [0, 2**63) (a row with another is
 skipped, before any work, with the reason).
 """
 
+import dataclasses
 import json
 
 from ..model_files import DEFAULT
+from ..request import GenerationRequest
 from .job import Job, RowSkipped, id_column, row_id
 
 SEED_LIMIT = 2 ** 63  # the seed column is int64
 
-ROW_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed")
-_SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")
+# What a row may override: every option that changes the completion (and seed).
+ROW_FIELDS = tuple(f for f in GenerationRequest.fields() if f not in ("logprobs", "top_logprobs", "logprobs_mode"))
+# Recorded in the manifest even at their defaults (the fields outputs have always recorded).
+RECORDED = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop")
 
 
 class Generate(Job):
     name, stem, ext, format = "generate", "completions", ".parquet", "parquet"
     default_field = "prompt"
 
-    def __init__(self, max_new_tokens=64, temperature=DEFAULT, top_k=DEFAULT, top_p=DEFAULT,
-                 repetition_penalty=DEFAULT, stop=None, seed=0):
-        self.defaults = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
-                         "top_p": top_p, "repetition_penalty": repetition_penalty, "stop": stop}
+    def __init__(self, request: GenerationRequest = None, seed=0):
+        # the job's seed: a row without one is sampled with seed + row
+        self.request = request if request is not None else GenerationRequest()
         self.seed = seed
 
     def params(self):
         # DEFAULT (the checkpoint's generation_config.json) is recorded by name
-        return {**{k: ("checkpoint" if v is DEFAULT else v) for k, v in self.defaults.items()},
-                "seed": self.seed}
+        blank = GenerationRequest()
+        out = {}
+        for f in ROW_FIELDS:
+            v = getattr(self.request, f)
+            if f == "seed" or (f not in RECORDED and v == getattr(blank, f)):
+                continue
+            out[f] = "checkpoint" if v is DEFAULT else (list(v) if isinstance(v, tuple) else v)
+        if out["stop"] == []:
+            out["stop"] = None
+        return {**out, "seed": self.seed}
 
     @classmethod
     def from_params(cls, params):
@@ -57,10 +69,7 @@ class Generate(Job):
 
         if not 0 <= _checks.integer("generate", "seed", self.seed) < SEED_LIMIT:
             raise ValueError(f"generate: seed must be in [0, 2**63), got {self.seed}")
-        d = self.defaults
-        if _checks.integer("generate", "max_new_tokens", d["max_new_tokens"]) < 0:
-            raise ValueError(f"generate: max_new_tokens must be >= 0, got {d['max_new_tokens']}")
-        model.generation_config.sampling(*(d[k] for k in _SAMPLING))  # bad values fail here, once
+        self.request.sampling(model.generation_config)  # bad values fail here, once
 
     def row_params(self, row):
         """The row's own sampling fields (JSON-able values only)."""
@@ -77,12 +86,11 @@ class Generate(Job):
 
     def process(self, model, row, text, params):
         params = params or {}
-        args = {**self.defaults, **{k: v for k, v in params.items() if k not in ("seed", "id")}}
         seed = params.get("seed", self.seed + row)
-        if isinstance(args["stop"], list):
-            args["stop"] = list(args["stop"])
         try:
-            out = model.generate(text, seed=seed, **args)
+            request = dataclasses.replace(
+                self.request, seed=seed, **{k: v for k, v in params.items() if k not in ("seed", "id")})
+            out = model.generate(text, request=request)
         except (ValueError, TypeError) as e:
             raise RowSkipped(str(e)) from None
         return {"prompt_tokens": out.stats["prompt_tokens"], "completion": str(out),
