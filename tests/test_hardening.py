@@ -256,9 +256,11 @@ def test_a_sink_may_submit_but_not_wait(model):
 def test_a_list_of_sinks_must_match_the_generations(model):
     from cyformer.engine import Engine
     from cyformer.generate import Generation
+    from cyformer.request import GenerationRequest
 
     with Engine(model) as engine:
-        gens = [Generation(model, "a", 2), Generation(model, "b", 2)]
+        two = GenerationRequest(max_new_tokens=2)
+        gens = [Generation(model, "a", two), Generation(model, "b", two)]
         with pytest.raises(ValueError, match="1 sinks for 2 generations"):
             engine.submit(gens, sink=[print])
         with pytest.raises(TypeError, match="callable"):
