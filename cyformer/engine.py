@@ -210,7 +210,7 @@ class Scheduler:
         self.max_batch = _positive("max_batch", max_batch)
         self.prefill_chunk = _positive("prefill_chunk", prefill_chunk)
         # None: this backend's pieces are not bitwise one prefill; prefill whole.
-        self.exact = getattr(self.backend, "exact_chunk", None)
+        self.exact = self.backend.exact_chunk
         self.prefix_cache = prefix_cache if self.exact is not None else None
         self.waiting = deque()
         self.active = []

@@ -152,7 +152,7 @@ class Generation:
         if cache_names is not None:
             from .hooks import HookPoints, select
 
-            if not getattr(model.backend, "supports_hooks", False):
+            if not model.backend.supports_hooks:
                 raise ValueError(f"generate: cache_names needs a backend with hook points; "
                                  f"the {model.backend.name!r} backend has none")
             self.hooks = HookPoints(cfg, select(cfg, cache_names, "generate"))

@@ -4,7 +4,7 @@ A backend computes logits for new positions given a per-sequence cache
 (``new_cache(capacity)``, ``run(ids, cache, last_only)``); the Model adds
 input checking, batching, text and generation on top, identically for all.
 
-For looking inside, a backend with ``supports_hooks`` also takes
+For looking inside, a backend with ``supports_hooks`` (cyformer.backends.Backend) also takes
 ``run(..., hooks=HookPoints)``; ``run_with_cache`` and ``run_with_hooks``
 go through it, and ``blocks``/``unembed`` are read-only views of the weights
 (cyformer.interp).
@@ -114,18 +114,9 @@ class Model(LensAPI):
             return self.run_with_hooks(ids)
         batch, batched = _checks.check_ids(ids, self.config)
         backend = self.backend
-
-        def run(seq):
-            return backend.run(seq, backend.new_cache(len(seq), reuse=True))
-
         if not batched:  # the backend's array as is (a [512, 50257] copy costs a layer norm pass)
-            return run(batch[0])
-        if hasattr(backend, "forward_batch") and batch.shape[1] >= backend.exact_chunk:
-            return backend.forward_batch(batch)  # one pass: each weight matrix read once
-        logits = np.empty((*batch.shape, self.config.vocab_size), dtype=np.float32)
-        for b, seq in enumerate(batch):  # each run's array is dropped before the next one
-            logits[b] = run(seq)
-        return logits
+            return backend.run(batch[0], backend.new_cache(batch.shape[1], reuse=True))
+        return backend.forward_batch(batch)
 
     def __call__(self, input, **options):
         """forward(ids); with a str or TransformerLens's keyword arguments

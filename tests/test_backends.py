@@ -158,9 +158,15 @@ def test_backends_share_one_interface(models):
             assert sig[:len(core)] == core, f"{method}: {name} {sig} != {core}"
             extra = sig[len(core):]
             assert all(d is not inspect.Parameter.empty for _, _, d in extra), f"{method}: {name} {extra}"
-    for cls in classes.values():
-        if getattr(cls, "supports_hooks", False):
-            assert "hooks" in inspect.signature(cls.run).parameters
+    from cyformer.backends import Backend
+
+    protocol = {n for n in Backend.__annotations__} | {n for n in vars(Backend) if not n.startswith("_")}
+    for name, cls in classes.items():
+        # every member of the protocol, the optional capabilities declared on the class itself
+        assert protocol <= set(dir(cls)), f"{name} lacks {protocol - set(dir(cls))}"
+        assert isinstance(cls.supports_hooks, bool)
+        assert cls.exact_chunk is None or (isinstance(cls.exact_chunk, int) and cls.exact_chunk >= 1)
+        assert ("hooks" in inspect.signature(cls.run).parameters) == cls.supports_hooks
     for name, cls in classes.items():
         assert cls.name == name
     ms = models("odd")
@@ -169,6 +175,7 @@ def test_backends_share_one_interface(models):
     assert public["cython"] >= {"forward", "generate", "stream", "encode", "decode"}
     assert public["cython"] == public["numpy"] == public["naive"]
     for b, m in ms.items():
+        assert isinstance(m.backend, Backend)
         assert m.backend.name == b and f"({b})" in repr(m)
         kv = m.backend.new_cache(4)
         assert kv.length == 0

@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import rope
 from ..config import Config
+from . import forward_each
 from ..kernels import attention, decode, linalg, mlp, norm
 from ..kv_cache import KVCache
 from ..weights import BlockWeights, NormWeights, Weights
@@ -258,12 +259,15 @@ class CythonBackend:
         return hooks.run([forward(self, seq, self.new_cache(len(seq)), False, hooks) for seq in batch])
 
     def forward_batch(self, batch):
-        """Logits [B, T, V] of B fresh sequences of T >= exact_chunk tokens
-        (batch [B, T], validated) in one pass: every weight matrix is read
-        once for all B T rows, and each sequence's logits are bitwise those
-        of running it alone (the same GEMM sums per row; attention per
-        sequence)."""
+        """Logits [B, T, V] of B fresh sequences (batch [B, T], validated).
+        With T >= exact_chunk in one pass: every weight matrix is read once
+        for all B T rows, and each sequence's logits are bitwise those of
+        running it alone (the same GEMM sums per row; attention per
+        sequence).  Shorter ones run one at a time (the matrix-vector path's
+        sums depend on the row count)."""
         B, T = batch.shape
+        if T < self.exact_chunk:
+            return forward_each(self, batch)
         threads, ws, C = self.threads, self.workspace(), self.config.n_embd
         kvs = [KVCache(self.config, T) for _ in range(B)]
         resid = ws.array("resid", (B * T, C))

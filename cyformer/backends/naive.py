@@ -45,6 +45,7 @@ import numpy as np
 
 from .. import rope
 from ..config import Config
+from . import forward_each
 from ..weights import BlockWeights, NormWeights, Weights, dequantized
 
 
@@ -362,6 +363,8 @@ class NaiveBackend:
     """Embedding, residual blocks, final norm and unembedding, in loops."""
 
     name = "naive"
+    supports_hooks = False
+    exact_chunk = None  # not checked to be bitwise the same however a prefill is split
 
     def __init__(self, cfg: Config, weights: Weights, threads: int):
         self.config = cfg
@@ -383,6 +386,10 @@ class NaiveBackend:
                            NORMS[cfg.norm](w.ln_f, cfg.norm_eps),  # a last norm
                            Unembedding(w.lm_head, w.lm_head_bias))
         return self._model
+
+    def forward_batch(self, batch):
+        """Logits [B, T, V] of B fresh sequences (batch [B, T]), one at a time."""
+        return forward_each(self, batch)
 
     def step_batch(self, tokens, caches):
         """One decode step for B sequences: tokens [B], caches B caches, each

@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import rope
 from ..config import Config
+from . import forward_each
 from ..weights import BlockWeights, NormWeights, Weights, dequantized
 
 F32 = np.float32
@@ -203,6 +204,8 @@ class NumpyBackend:
     """The forward pass over loaded weights, one sequence at a time."""
 
     name = "numpy"
+    supports_hooks = False
+    exact_chunk = None  # not checked to be bitwise the same however a prefill is split
 
     def __init__(self, cfg: Config, weights: Weights, threads: int):
         self.config = cfg
@@ -214,6 +217,10 @@ class NumpyBackend:
     def new_cache(self, capacity, reuse=False):
         """reuse: part of the shared interface; a new cache every time here."""
         return NumpyCache(self.config, capacity)
+
+    def forward_batch(self, batch):
+        """Logits [B, T, V] of B fresh sequences (batch [B, T]), one at a time."""
+        return forward_each(self, batch)
 
     def step_batch(self, tokens, caches):
         """One decode step for B sequences: tokens [B], caches B caches, each

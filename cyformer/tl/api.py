@@ -469,7 +469,7 @@ def run(model, fn, input, record, fwd_hooks, return_type="logits", loss_per_toke
     with TransformerLens's arguments -> (output, cache or None)."""
     from .cache import ActivationCache
     _check_torch_options(fn, **torch_options)
-    if not getattr(model.backend, "supports_hooks", False):
+    if not model.backend.supports_hooks:
         raise ValueError(f"{fn}: the {model.backend.name!r} backend has no hook points; "
                          "load the model with backend='cython'")
     if return_type not in ("logits", "loss", "both", None):
