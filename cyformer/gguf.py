@@ -30,6 +30,7 @@ tokenizer keys that llama.cpp's converter writes, quantized with the
 
 import json
 import math
+import mmap
 import os
 import struct
 import warnings
@@ -97,8 +98,17 @@ def _check_header(path, size):
     the tensor infos: {name: (GGMLQuantizationType, dims (ne0 first), offset)}."""
     import gguf
 
-    with open(path, "rb") as f:
-        head = f.read(min(size, 1 << 30))
+    if size == 0:
+        raise ModelLoadError(f"{path}: empty file (truncated?)")
+    with open(path, "rb") as f:  # mapped: the header is read, the tensors are not
+        head = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _walk_header(path, size, head, gguf)
+    finally:
+        head.close()
+
+
+def _walk_header(path, size, head, gguf):
     pos = 0
 
     def take(n, what):

@@ -61,7 +61,7 @@ def load(path=None, *, threads=None, backend="cython", dtype=None, fold_ln=False
         raise ValueError(f"load: path must be a str or os.PathLike, got {path!r}") from None
     if path == DEFAULT_MODEL and not os.path.isdir(path):
         path = default_model_path()  # the bundled model by its name, as `cyformer serve` calls it
-    if os.path.isfile(path) and gguf_file(path):  # llama.cpp's format (cyformer.gguf)
+    if os.path.isfile(path) and (path.endswith(".gguf") or gguf_file(path)):  # llama.cpp's format
         if any(processing.values()):
             raise ValueError("load: weight processing is not available for a GGUF file")
         return load_gguf(path, dtype=dtype, threads=threads, backend=backend)

@@ -345,10 +345,10 @@ def good(tmp_path_factory, gpt2_dir):
 
 def test_truncated_file(tmp_path, good):
     data = open(good, "rb").read()
-    for n in (3, 20, 2000, len(data) - 100):
+    for n in (0, 3, 20, 2000, len(data) - 100):
         p = tmp_path / f"t{n}.gguf"
         p.write_bytes(data[:n])
-        with pytest.raises(ModelLoadError, match="truncated|past the end|not a GGUF"):
+        with pytest.raises(ModelLoadError, match="truncated|past the end|not a GGUF|empty"):
             cyformer.load(str(p))
 
 
