@@ -518,7 +518,7 @@ def load_weights(f, cfg, dtype=None):
     from .weights import TRANSPOSED, Weights, is_matrix
 
     names = tensor_names(cfg)
-    params = {}
+    params, mapped = {}, set()
     for p, (fmt, parts) in plan(f, cfg, dtype).items():
         spec = names[p]
         types = {t for _, t in parts}
@@ -526,6 +526,7 @@ def load_weights(f, cfg, dtype=None):
         in_place = transposed or not is_matrix(p)  # GGUF's layout is the kernel's: no transpose
         if len(spec) == 1 and fmt == "float32" and types == {"F32"} and in_place:
             params[p] = np.asarray(f.tensors[spec[0][0]].data).reshape(spec[0][1])  # mapped, read-only
+            mapped.add(p)
         elif fmt == "int4" and types == {"Q4_0"}:
             params[p] = _q4_0_int4(f, spec, transposed)
         elif fmt == "bfloat16" and types == {"BF16"}:
@@ -540,9 +541,31 @@ def load_weights(f, cfg, dtype=None):
                 w = w.T
             w = np.ascontiguousarray(w, dtype=np.float32)
             params[p] = quantize(w, fmt, transposed) if is_matrix(p) else w
-            if isinstance(params[p], np.ndarray):
-                params[p].flags.writeable = False
-    return Weights.from_params(cfg, params)
+    return Weights.from_params(cfg, _in_arena(params, mapped))
+
+
+def _in_arena(params, mapped):
+    """The repacked parameters moved into one read-only arena (weights._slots:
+    2 MB aligned, huge pages where the OS offers them, as a checkpoint's
+    weights are); those in ``mapped`` stay views of the file."""
+    from .formats import Packed
+    from .weights import _slots
+
+    arrays = [(p, k, getattr(v, k) if isinstance(v, Packed) else v) for p, v in params.items() if p not in mapped
+              for k in (("data", "scale") if isinstance(v, Packed) else ("array",))]
+    arrays = [(p, k, a) for p, k, a in arrays if a is not None]
+    slots = _slots([(a.shape, a.dtype) for _, _, a in arrays])
+    moved = {}
+    for (p, k, a), slot in zip(arrays, slots):
+        slot[...] = a
+        slot.flags.writeable = False
+        moved.setdefault(p, {})[k] = slot
+    out = dict(params)
+    for p, parts in moved.items():
+        v = params[p]
+        out[p] = (Packed(v.fmt, parts["data"], parts.get("scale"), v.shape, v.transposed)
+                  if isinstance(v, Packed) else parts["array"])
+    return out
 
 
 def _q4_0_int4(f, spec, transposed):
