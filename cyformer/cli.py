@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from . import formats
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
@@ -56,10 +58,11 @@ def _model_args(p):
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="kernel threads (default: OMP_NUM_THREADS, else the cores this process may use); "
                         "results are identical at any count")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "int8", "int4"), default=None,
+    p.add_argument("--dtype", choices=formats.FORMATS, default=None,
                    help="weight format, converted at load (default: as stored; float32 for a Hugging "
-                        "Face checkpoint). bfloat16 halves the bytes a token reads, int8 quarters "
-                        "them, int4 takes an eighth; see README 'Weight formats'")
+                        "Face checkpoint); bytes per weight: "
+                        + ", ".join(f"{f.name} {f.bytes_per_weight:g}" for f in formats.TABLE.values())
+                        + "; see README 'Weight formats'")
 
 
 def build_parser():
@@ -127,8 +130,8 @@ def build_parser():
     q.add_argument("src", metavar="SRC", help="model directory, GGUF file or Hub name")
     q.add_argument("dst", metavar="DST", help="directory to write (created; must not be SRC), or a "
                                               "file ending in .gguf to write llama.cpp's format")
-    q.add_argument("--dtype", choices=("bfloat16", "int8", "int4") + GGUF_TYPES, required=True,
-                   help="the format to convert to: bfloat16, int8, int4 for a directory; "
+    q.add_argument("--dtype", choices=formats.PACKED + GGUF_TYPES, required=True,
+                   help=f"the format to convert to: {', '.join(formats.PACKED)} for a directory; "
                         "q8_0, q4_0, f16, f32 for a .gguf file")
 
     x = sub.add_parser(
@@ -402,6 +405,8 @@ def cmd_info(args):
     print(f"build       cyformer {b['version']}, kernels {b['isa']} {' '.join(b['isa_flags'])} "
           f"(built: {', '.join(b['isa_levels_built'])}), OpenMP {'on' if b['openmp'] else 'OFF'}, "
           f"threads {model.threads}, Cython {b['cython']}, flags {' '.join(b['compile_flags'])}")
+    print("formats     " + "; ".join(f"{name} {f['bytes_per_weight']:g} B/weight: {f['kernels']}"
+                                     for name, f in b["formats"].items()))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Weights in fewer bytes: bfloat16, int8 and int4 matrices.
+"""Weights in fewer bytes: bfloat16, int8 and int4 matrices, one table row each.
 
 Decode reads every weight once per token, so at a fixed memory bandwidth the
 bytes per weight set the speed.  A ``Packed`` matrix holds one weight matrix
@@ -6,40 +6,18 @@ in a smaller format; the kernels widen it to float32 in registers (the
 matrix-vector path of decode) or while packing GEMM panels (prefill), so
 activations, norms, biases and the KV cache stay float32.
 
-Formats (bytes per weight, GPT-2 small's 124M weights):
+Every format is one ``Format`` record in ``TABLE``: its name, stored dtype
+and safetensors tag, bytes per weight, scale layout, converter and
+dequantizer.  ``--dtype``, the loader, ``Model.save`` and ``cyformer info``
+read the table; the kernels find the format's row of the C table
+(``src_pyx/formats.h``) by the record's ``code``.
 
-    float32   4                                        497 MB
-    bfloat16  2      the top half of the float32 (round to nearest even)
-    int8      1      symmetric, one float32 scale per output (row of the
-                     output dimension): w = q * scale, q in [-127, 127]
-    int4      0.5    symmetric, one float32 scale per output and group of
-                     32 consecutive inputs: w = q * scale, q in [-8, 7],
-                     two weights a byte (nibble = q + 8), each group's
-                     scale the one of max|w| / 6 .. max|w| / 8.5 with the
-                     least squared error (_int4_scale); the embedding and
-                     unembedding in int8 (matrix_format)
-
-int8 takes one scale per output rather than per block of 32 inputs: the
-scale then multiplies a whole dot product once (one multiply per output, not
-per block), and on the bundled model and GPT-2-sized random weights the
-per-output form's error was within the int8 bounds the tests set.  int4
-needs groups: one scale for 768 inputs leaves too few levels for the many
-small weights.
-
-int4's scale is searched rather than max|w| / 7: with 16 levels the grid
-matters, and a finer one that clips the group's largest weight (or a
-coarser one) often fits its other 31 weights better.  On the bundled model
-the search took int4's held-out perplexity from +2.3 % of float32 to +1.0 %
-and top-1 agreement from 91.8 % to 92.4 %, for a few seconds more of
-conversion (GPT-2 small: 2.2 s against 0.4 s).  The format is unchanged:
-a file with max|w| / 7 scales loads and runs as before.
-
-An int4 model keeps its embedding and unembedding (the [V, C] matrices) in
-int8.  They carry most of int4's error: on the bundled model, int4 in them
-alone raised held-out perplexity 6.3 % and cut top-1 agreement with float32
-to 89 %, int4 in every other matrix 2.2 % and 92 %; with them in int8 the
-whole model measured +2.3 % and 92 % (before the scale search).  llama.cpp's 4-bit types likewise
-keep the output matrix at a higher precision.
+int8 keeps one scale per output (a dot product is scaled once); int4 needs a
+scale per group of 32 inputs (16 levels for 768 inputs are too few), each
+group's scale searched among max|w| / 6 .. 8.5 for the least squared error.
+An int4 model keeps the [V, C] embedding and unembedding in int8
+(``matrix_format``): they carry most of int4's error, and llama.cpp's 4-bit
+types likewise keep the output matrix at a higher precision.
 
 Orientation: block matrices are stored [K, N] (inputs, outputs) like the
 float32 kernel layout; the embedding / unembedding [V, C] is stored as is,
@@ -49,13 +27,11 @@ the input dimension.
 """
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-FORMATS = ("float32", "bfloat16", "int8", "int4")
 GROUP = 32  # int4 inputs per scale (simd.h's CYF_GROUP)
-BYTES = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,16 +90,26 @@ def matrix_format(dtype, transposed):
 def packed_layout(fmt, shape, transposed=False):
     """(data shape, data dtype, scale shape or None) of a [rows, cols] float
     matrix converted to fmt (see Packed)."""
+    f = format_of("packed_layout", fmt)
+    if f.layout is None:
+        raise ValueError(f"packed_layout: format must be one of {', '.join(PACKED)}, got {fmt!r}")
     rows, cols = shape
     K, N = (cols, rows) if transposed else (rows, cols)
-    if fmt == "bfloat16":
-        return tuple(shape), np.uint16, None
-    if fmt == "int8":
-        return tuple(shape), np.int8, (N,)
-    if fmt != "int4":
-        raise ValueError(f"packed_layout: format must be one of {', '.join(FORMATS[1:])}, got {fmt!r}")
+    data, scale = f.layout(K, N, transposed)
+    return tuple(data), f.storage, scale
+
+
+def _same_shape(K, N, transposed):
+    return ((N, K) if transposed else (K, N)), None
+
+
+def _int8_layout(K, N, transposed):
+    return ((N, K) if transposed else (K, N)), (N,)
+
+
+def _int4_layout(K, N, transposed):
     pairs, groups = -(-K // 2), -(-K // GROUP)
-    return ((N, pairs), np.uint8, (N, groups)) if transposed else ((pairs, N), np.uint8, (groups, N))
+    return ((N, pairs), (N, groups)) if transposed else ((pairs, N), (groups, N))
 
 
 def empty(fmt, shape, transposed=False):
@@ -138,18 +124,17 @@ def row_steps(p):
     each, whole groups of 32 when rows are inputs of an int4 matrix."""
     rows, cols = p.shape
     step = max(1, STEP // max(cols, 1))
-    if p.fmt == "int4" and not p.transposed:
-        step = -(-step // GROUP) * GROUP
+    if not p.transposed:  # rows are inputs: whole blocks of the format's scales
+        block = TABLE[p.fmt].block
+        step = -(-step // block) * block
     return [(r, min(r + step, rows)) for r in range(0, rows, step)]
 
 
 def quantize(w, fmt, transposed=False):
     """float32 matrix -> Packed (or w itself for "float32"), converted a step
     of rows at a time (see ``convert``)."""
-    if fmt == "float32":
+    if format_of("quantize", fmt).convert_step is None:
         return w
-    if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim != 2:
         raise ValueError(f"quantize: expected a matrix, got shape {w.shape}")
@@ -173,32 +158,44 @@ def convert(rows, fmt, shape, transposed=False, out=None):
         raise ValueError(f"convert: out must be a writable Packed {fmt} {tuple(shape)} "
                          f"(transposed={transposed}), got {out!r}")
     steps = row_steps(out)
-    if fmt == "int8" and not transposed:  # a scale per column: the maximum over every row first
-        amax = np.zeros(shape[1], dtype=np.float32)
-        for first, end in steps:
-            np.maximum(amax, np.abs(rows(first, end)).max(axis=0), out=amax)
-        out.scale[...] = _scale(amax, 127)
+    f = TABLE[fmt]
+    if f.column_scales is not None and not transposed:  # scales over every row first
+        f.column_scales(out, rows, steps)
     for first, end in steps:
-        _convert_step(out, rows(first, end), first)
+        f.convert_step(out, rows(first, end), first)
     return _frozen(out)
 
 
-def _convert_step(p, x, first):
-    """Convert rows first .. first + len(x) (float32 x) into the Packed p.
+# Each format's convert_step(p, x, first): rows first .. first + len(x)
+# (float32 x) into the Packed p.  Where rows are int4 inputs, first starts a
+# group of 32 (row_steps); where they are int8 inputs, p.scale is already
+# set (column_scales).
 
-    Where rows are int4 inputs, first starts a group of 32 (row_steps);
-    where they are int8 inputs, p.scale is already set (convert)."""
+def _bfloat16_step(p, x, first):
+    p.data[first:first + x.shape[0]] = _bfloat16(x)
+
+
+def _int8_column_scales(p, rows, steps):
+    """int8 with outputs as columns: a scale per column, the maximum over every row."""
+    amax = np.zeros(p.shape[1], dtype=np.float32)
+    for first, end in steps:
+        np.maximum(amax, np.abs(rows(first, end)).max(axis=0), out=amax)
+    p.scale[...] = _scale(amax, 127)
+
+
+def _int8_step(p, x, first):
     r = x.shape[0]
-    if p.fmt == "bfloat16":
-        p.data[first:first + r] = _bfloat16(x)
-    elif p.fmt == "int8":
-        if p.transposed:  # rows are outputs: a scale per row
-            scale = _scale(np.abs(x).max(axis=1), 127)
-            p.scale[first:first + r] = scale
-            p.data[first:first + r] = _codes(x, _divisor(scale)[:, None], -127, 127).astype(np.int8)
-        else:
-            p.data[first:first + r] = _codes(x, _divisor(p.scale)[None, :], -127, 127).astype(np.int8)
-    elif p.transposed:  # int4, rows are outputs: groups and pairs along each row
+    if p.transposed:  # rows are outputs: a scale per row
+        scale = _scale(np.abs(x).max(axis=1), 127)
+        p.scale[first:first + r] = scale
+        p.data[first:first + r] = _codes(x, _divisor(scale)[:, None], -127, 127).astype(np.int8)
+    else:
+        p.data[first:first + r] = _codes(x, _divisor(p.scale)[None, :], -127, 127).astype(np.int8)
+
+
+def _int4_step(p, x, first):
+    r = x.shape[0]
+    if p.transposed:  # rows are outputs: groups and pairs along each row
         K = x.shape[1]
         ng = -(-K // GROUP)
         g = np.zeros((r, ng, GROUP))                                   # the row padded to whole groups
@@ -207,7 +204,7 @@ def _convert_step(p, x, first):
         q = _codes(g, _divisor(scale)[:, :, None], -8, 7, out=g).reshape(r, ng * GROUP)
         p.scale[first:first + r] = scale
         p.data[first:first + r] = _nibble_pairs(q[:, :2 * p.data.shape[1]], axis=1)
-    else:  # int4, rows are inputs: groups and pairs down each column
+    else:  # rows are inputs: groups and pairs down each column
         N = x.shape[1]
         ng = -(-r // GROUP)
         g = np.zeros((ng, GROUP, N))
@@ -234,8 +231,8 @@ def _scale(amax, qmax):
     return (amax.astype(np.float64) / qmax).astype(np.float32)
 
 
-# int4 scales tried per group, max|w| / c (see the module's docstring); 11
-# steps measured as well as 21 on the bundled model and better than 6.
+# int4 scales tried per group, max|w| / c; 11 steps measured as well as 21
+# on the bundled model and better than 6.
 INT4_DIVISORS = tuple(6 + 0.25 * i for i in range(11))
 
 
@@ -294,22 +291,27 @@ def dequantize(p):
     """Packed -> float32 matrix of p.shape."""
     if not isinstance(p, Packed):
         return p
-    if p.fmt == "bfloat16":
-        return (p.data.astype(np.uint32) << 16).view(np.float32).reshape(p.shape)
-    if p.fmt == "int8":
-        q = _outputs_last(p.data, p.transposed).astype(np.float32)
-        w = q * p.scale[None, :]
-    else:
-        packed = _outputs_last(p.data, p.transposed)                   # [K/2, N]
-        K = p.shape[1] if p.transposed else p.shape[0]
-        q = np.empty((packed.shape[0] * 2, packed.shape[1]), dtype=np.float32)
-        q[0::2] = (packed & 15).astype(np.float32) - 8
-        q[1::2] = (packed >> 4).astype(np.float32) - 8
-        q = q[:K]
-        scale = _outputs_last(p.scale, p.transposed)                   # [ng, N]
-        w = q * np.repeat(scale, GROUP, axis=0)[:K]
-    w = np.ascontiguousarray(w.T if p.transposed else w, dtype=np.float32)
-    return w
+    w = TABLE[p.fmt].dequantize(p)                                     # [K, N]
+    return np.ascontiguousarray(w.T if p.transposed else w, dtype=np.float32)
+
+
+def _bfloat16_dequantize(p):
+    w = (p.data.astype(np.uint32) << 16).view(np.float32).reshape(p.shape)
+    return w.T if p.transposed else w
+
+
+def _int8_dequantize(p):
+    return _outputs_last(p.data, p.transposed).astype(np.float32) * p.scale[None, :]
+
+
+def _int4_dequantize(p):
+    packed = _outputs_last(p.data, p.transposed)                       # [K/2, N]
+    K = p.shape[1] if p.transposed else p.shape[0]
+    q = np.empty((packed.shape[0] * 2, packed.shape[1]), dtype=np.float32)
+    q[0::2] = (packed & 15).astype(np.float32) - 8
+    q[1::2] = (packed >> 4).astype(np.float32) - 8
+    scale = _outputs_last(p.scale, p.transposed)                       # [ng, N]
+    return q[:K] * np.repeat(scale, GROUP, axis=0)[:K]
 
 
 def _frozen(p):
@@ -319,7 +321,57 @@ def _frozen(p):
     return p
 
 
+@dataclass(frozen=True)
+class Format:
+    """One weight format: everything outside the kernels that depends on it.
+
+    code: the row of the C table (src_pyx/formats.h's cyf_formats[]);
+    storage / tag: the stored data's NumPy dtype and safetensors tag;
+    block: inputs per scale where a scale covers a block of inputs (1: none);
+    scale: where the float32 scales sit, in words; layout(K, N, transposed)
+    -> (data shape, scale shape or None); column_scales(p, rows, steps):
+    a pass over every row first when scales span them (int8 [K, N]);
+    convert_step / dequantize: see convert and dequantize.  float32 has no
+    converter: its matrices stay plain arrays.
+    """
+
+    name: str
+    code: int
+    storage: type
+    tag: str
+    bytes_per_weight: float
+    block: int
+    scale: str
+    layout: Optional[Callable] = None
+    column_scales: Optional[Callable] = None
+    convert_step: Optional[Callable] = None
+    dequantize: Optional[Callable] = None
+
+
+TABLE = {f.name: f for f in (
+    Format("float32", 0, np.float32, "F32", 4.0, 1, "none"),
+    Format("bfloat16", 1, np.uint16, "BF16", 2.0, 1, "none (the top half of the float32, rounded to nearest even)",
+           _same_shape, None, _bfloat16_step, _bfloat16_dequantize),
+    Format("int8", 2, np.int8, "I8", 1.0, 1, "float32 per output: w = q * scale, q in [-127, 127]",
+           _int8_layout, _int8_column_scales, _int8_step, _int8_dequantize),
+    Format("int4", 3, np.uint8, "U8", 0.5, GROUP,
+           f"float32 per output and group of {GROUP} inputs: w = q * scale, q in [-8, 7], two a byte "
+           "(nibble = q + 8)", _int4_layout, None, _int4_step, _int4_dequantize),
+)}
+FORMATS = tuple(TABLE)                                                  # names, float32 first
+PACKED = tuple(name for name, f in TABLE.items() if f.convert_step is not None)
+BYTES = {name: f.bytes_per_weight for name, f in TABLE.items()}
+
+
+def format_of(fn, fmt):
+    """The Format named fmt; a ValueError naming fn and the known formats otherwise."""
+    f = TABLE.get(fmt) if isinstance(fmt, str) else None
+    if f is None:
+        raise ValueError(f"{fn}: format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return f
+
+
 def check_format(fn, fmt):
-    if not isinstance(fmt, str) or fmt not in FORMATS:
+    if not isinstance(fmt, str) or fmt not in TABLE:
         raise ValueError(f"{fn}: dtype must be one of {', '.join(repr(f) for f in FORMATS)}, got {fmt!r}")
     return fmt

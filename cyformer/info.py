@@ -2,7 +2,7 @@
 
 import platform
 
-from . import _checks, _cores, _runtime, kernels
+from . import _checks, _cores, _runtime, formats, kernels
 
 
 def build_info():
@@ -12,7 +12,9 @@ def build_info():
     level loaded for this CPU and its flags; cython: Cython version used to
     build; threads: the default thread count (OMP_NUM_THREADS, else the cores
     in this process's affinity mask); adaptive_threads: whether calls use
-    fewer while other processes keep cores busy (cyformer._cores).
+    fewer while other processes keep cores busy (cyformer._cores);
+    formats: per weight format (cyformer.formats), its bytes per weight and
+    the kernels that compute with it here.
     """
     b = kernels.BUILD
     return {
@@ -30,4 +32,6 @@ def build_info():
         "omp_max_threads": _runtime.omp_max_threads(),
         "adaptive_threads": _cores.enabled(),
         "machine": platform.machine(),
+        "formats": {name: {"bytes_per_weight": f.bytes_per_weight, "kernels": kernels.linalg.format_kernels()[name]}
+                    for name, f in formats.TABLE.items()},
     }

@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 
 from .errors import CyformerError
+from .formats import TABLE
 from .weights import SAVED_FORMAT_KEY, SAVED_GROUP_KEY, SAVED_LAYOUT_KEY
 
 # Files copied from the source directory when present.
@@ -121,8 +122,8 @@ def _refuse_source(directory, src):
                                 f"files ({real_src}); choose another directory")
 
 
-TAGS = {np.dtype(np.float32): "F32", np.dtype(np.uint16): "BF16", np.dtype(np.int8): "I8",
-        np.dtype(np.uint8): "U8"}
+# safetensors tags of the stored dtypes: every format's (formats.TABLE)
+TAGS = {np.dtype(f.storage): f.tag for f in TABLE.values()}
 
 
 def write_safetensors(path, tensors, metadata):

@@ -608,8 +608,6 @@ def _load(ck, cfg, dtype="float32", progress=None):
 SAVED_LAYOUT_KEY = "cyformer.layout"
 SAVED_FORMAT_KEY = "cyformer.format"
 SAVED_GROUP_KEY = "cyformer.group"
-STORAGE = {"float32": ("F32", np.float32), "bfloat16": ("BF16", np.uint16), "int8": ("I8", np.int8),
-           "int4": ("U8", np.uint8)}
 
 
 def stored_shapes(param, shape, fmt):
@@ -624,7 +622,7 @@ def stored_shapes(param, shape, fmt):
 
 def _load_saved(ck, cfg, dtype):
     """A model written by Model.save(): memory-mapped, nothing converted."""
-    from .formats import FORMATS, Packed, matrix_format
+    from .formats import FORMATS, TABLE, Packed, matrix_format
 
     meta = ck.metadata
     fmt = meta.get(SAVED_FORMAT_KEY)
@@ -647,7 +645,8 @@ def _load_saved(ck, cfg, dtype):
         if name not in ck.where:
             raise ModelLoadError(f"{ck.path}: missing tensor {name!r} (a {fmt} model saved by cyformer)")
         shard, info, data_start = ck.where[name]
-        tag, np_dtype = STORAGE[matrix_format(fmt, name in TRANSPOSED) if is_matrix(name) else "float32"]
+        f = TABLE[matrix_format(fmt, name in TRANSPOSED) if is_matrix(name) else "float32"]
+        tag, np_dtype = f.tag, f.storage
         if info.dtype != tag or info.shape != tuple(want_shape):
             raise ModelLoadError(f"{shard}: tensor {name!r} is {info.dtype} {info.shape}; a {fmt} model "
                                  f"needs {tag} {tuple(want_shape)}")

@@ -11,21 +11,39 @@
 # and then the blocks in order.  How work is split between threads never
 # changes a sum, so results are bitwise identical at any thread count.
 
-# A weight matrix as the kernels read it: float32 or fewer bytes per weight
-# (simd.h's CYF_F32, CYF_BF16, CYF_I8, CYF_I4; cyformer/formats.py), stored
-# [K, N] (in, out), or [N, K] when t (a row per output: the unembedding).
-cdef struct Wt:
-    const void* data
-    const float* scale  # int8: [N], one per output; int4: one per output and group
-                        # of CYF_GROUP inputs, [groups, N] (or [N, groups] when t)
-    int fmt
-    bint t
-    Py_ssize_t ld       # between rows of the stored matrix: elements (int4: bytes,
-                        # a byte row holding two rows of a [K, N] matrix)
+# A weight matrix as the kernels read it (formats.h): data, scales, its row of
+# the format table, orientation.  Stored [K, N] (in, out), or [N, K] when t
+# (a row per output: the unembedding).  Callers ask W.f for the format's
+# kernels and never test the format.
+cdef extern from "formats.h" nogil:
+    ctypedef struct cyf_format:
+        const char* name
+        const char* kernels
+        bint out_scale   # scale[n] multiplies output n once it is finished
+        bint in_place    # float32 rows the GEMM tile reads where they lie
+        void (*gemv_block)(float* partial, const float* x, const Wt* W, Py_ssize_t k0, Py_ssize_t kb,
+                           Py_ssize_t c0, Py_ssize_t cw, Py_ssize_t N, float* tmp) noexcept nogil
+        void (*gemv_block_rows)(float* partial, Py_ssize_t ldp, const float* x, Py_ssize_t ldx, int nr,
+                                const Wt* W, Py_ssize_t k0, Py_ssize_t kb, Py_ssize_t c0, Py_ssize_t cw) noexcept nogil
+        void (*dot_t)(float* acc, const float* x, const Wt* W, Py_ssize_t a, Py_ssize_t nw, Py_ssize_t K) noexcept nogil
+        void (*dot_t_rows)(float* acc, const float* x, Py_ssize_t ldx, int nr, const Wt* W, Py_ssize_t a,
+                           Py_ssize_t nw, Py_ssize_t K) noexcept nogil
+        void (*pack_run)(float* dst, const Wt* W, Py_ssize_t N, Py_ssize_t k, Py_ssize_t n, Py_ssize_t cnt) noexcept nogil
+        void (*pack_t)(float* dst, Py_ssize_t ldd, const Wt* W, Py_ssize_t n, Py_ssize_t k0, Py_ssize_t kn,
+                       Py_ssize_t K) noexcept nogil
+    ctypedef struct Wt "cyf_wt":
+        const void* data
+        const float* scale  # the format's scales, or NULL
+        const cyf_format* f
+        bint t
+        Py_ssize_t ld       # between rows of the stored array, in its elements
+    int CYF_NFORMATS
+    const cyf_format* cyf_format_at(int code)
+    void cyf_dequant_row_t(float* out, const Wt* W, Py_ssize_t n, Py_ssize_t K)
 
 cdef inline Wt f32_weights(const float* W, bint t, Py_ssize_t ld) noexcept nogil:
     cdef Wt w
-    w.data, w.scale, w.fmt, w.t, w.ld = W, NULL, 0, t, ld
+    w.data, w.scale, w.f, w.t, w.ld = W, NULL, cyf_format_at(0), t, ld
     return w
 
 # The Wt of a float32 ndarray or a cyformer.formats.Packed matrix (checked:

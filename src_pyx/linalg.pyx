@@ -27,9 +27,7 @@ from cyformer import _checks
 
 cnp.import_array()
 
-from .simd cimport (CYF_MR, CYF_NR, CYF_F32, CYF_BF16, CYF_I8, CYF_I4, CYF_GROUP, cyf_gemm_tile,
-                    cyf_dot, cyf_stream_sum, cyf_gelu_new_n, cyf_gemv_rows, cyf_gemv_rows_q, cyf_dot_q,
-                    cyf_dot_q4, cyf_dequant_run, cyf_elem_t, cyf_gemv_rows_b, cyf_dot_rows)
+from .simd cimport CYF_MR, CYF_NR, cyf_gemm_tile, cyf_dot, cyf_stream_sum, cyf_gelu_new_n, cyf_gemv_rows_b
 from .team cimport cyf_team_size, cyf_barrier, cyf_next_item
 
 cdef enum:
@@ -41,11 +39,9 @@ cdef enum:
     GEMM_TAIL_COLS = 256
     # Values of k per block of the transposed pack (one cache line of a row of W).
     PACK_KB = 16
-    # Fewer rows of x than this skip the packing (_gemm_direct); T * GEMM_NC
-    # floats of output tile must fit in a thread's packed-panel scratch (T <= K).
-    # GPT-2 small prefill, 2 threads, AMD EPYC, without / with packing: T = 4
-    # 38 / 56 ms, 16: 52 / 75, 32: 78 / 95, 64: 129 / 155, 96: 184 / 197 (noisy
-    # beyond that).
+    # Fewer rows of x than this skip the packing (_gemm_direct): below it the
+    # packing cost more than it saved (measured up to ~96 rows, noisy beyond).
+    # T * GEMM_NC floats of output tile must fit in a thread's panel scratch (T <= K).
     GEMM_DIRECT_ROWS = 64
 
 from .activations import ACTIVATIONS
@@ -98,16 +94,12 @@ cdef inline void _finish(float* dst, float* acc, const float* bias, Py_ssize_t n
 cdef void _pack_panel(float* pack, Wt W, Py_ssize_t K, Py_ssize_t N,
                       Py_ssize_t n0, Py_ssize_t pw) noexcept nogil:
     # Columns n0 .. n0+pw of W into CYF_NR-column strips: pack[s][k][j] =
-    # W(k, n0 + CYF_NR s + j), the last strip zero-padded, widened to float32
-    # (and scaled) when W has fewer bytes per weight.  W is read in its own
-    # memory order (whole row runs), which is what keeps this cheap when W
-    # comes from DRAM.
+    # W(k, n0 + CYF_NR s + j), the last strip zero-padded, as scaled float32
+    # (the format's pack_run / pack_t).  W is read in its own memory order
+    # (whole row runs), which is what keeps this cheap when W comes from DRAM.
     cdef Py_ssize_t nfull = pw // CYF_NR, tail = pw % CYF_NR
-    cdef Py_ssize_t k, j, si, kb, k0, kn, n, ng = (K + CYF_GROUP - 1) // CYF_GROUP
-    cdef const float* row
-    cdef const float* W32 = <const float*>W.data
+    cdef Py_ssize_t j, si, kb, k0, kn, k
     cdef float* dst
-    cdef float s
     if tail:
         memset(pack + nfull * K * CYF_NR, 0, K * CYF_NR * sizeof(float))
     if W.t:  # W is [N, K]: CYF_NR rows of W become one strip, transposed
@@ -119,34 +111,13 @@ cdef void _pack_panel(float* pack, Wt W, Py_ssize_t K, Py_ssize_t N,
                 kn = K - k0 if K - k0 < PACK_KB else PACK_KB
                 dst = pack + (si * K + k0) * CYF_NR
                 for j in range(CYF_NR if si < nfull else tail):
-                    n = n0 + si * CYF_NR + j
-                    if W.fmt == CYF_F32:
-                        row = W32 + n * W.ld + k0
-                        for k in range(kn):
-                            dst[k * CYF_NR + j] = row[k]
-                    else:
-                        for k in range(kn):
-                            s = 1.0
-                            if W.fmt == CYF_I8:
-                                s = W.scale[n]
-                            elif W.fmt == CYF_I4:
-                                s = W.scale[n * ng + (k0 + k) // CYF_GROUP]
-                            dst[k * CYF_NR + j] = cyf_elem_t(W.data, W.fmt, W.ld, n, k0 + k) * s
-    elif W.fmt == CYF_F32:  # W is [K, N]: each row of W scatters CYF_NR-float runs into the strips
-        for k in range(K):
-            row = W32 + k * W.ld + n0
-            for si in range(nfull):
-                memcpy(pack + (si * K + k) * CYF_NR, row + si * CYF_NR, CYF_NR * sizeof(float))
-            if tail:
-                memcpy(pack + (nfull * K + k) * CYF_NR, row + nfull * CYF_NR, tail * sizeof(float))
-    else:
+                    W.f.pack_t(dst + j, CYF_NR, &W, n0 + si * CYF_NR + j, k0, kn, K)
+    else:  # W is [K, N]: each row of W scatters CYF_NR-float runs into the strips
         for k in range(K):
             for si in range(nfull):
-                cyf_dequant_run(W.data, W.fmt, W.ld, W.scale, N, k, n0 + si * CYF_NR, CYF_NR,
-                                pack + (si * K + k) * CYF_NR)
+                W.f.pack_run(pack + (si * K + k) * CYF_NR, &W, N, k, n0 + si * CYF_NR, CYF_NR)
             if tail:
-                cyf_dequant_run(W.data, W.fmt, W.ld, W.scale, N, k, n0 + nfull * CYF_NR, tail,
-                                pack + (nfull * K + k) * CYF_NR)
+                W.f.pack_run(pack + (nfull * K + k) * CYF_NR, &W, N, k, n0 + nfull * CYF_NR, tail)
 
 
 cdef inline Py_ssize_t _gemm_tail_start(Py_ssize_t N) noexcept nogil:
@@ -202,54 +173,24 @@ cdef void gemv_cols(float* out, const float* x, Wt W, const float* b,
                     Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0, Py_ssize_t n1,
                     int act, bint accumulate, float* acc) noexcept nogil:
     # Outputs n0 .. n1-1 of x @ W.T for W [N, K]: one contiguous dot product
-    # per output, so the range is one contiguous run of W.  int4: the
-    # groups' scaled lanes summed into one set of lanes (cyf_dot_q4).
-    cdef Py_ssize_t a = n0, nw, j, ng = (K + CYF_GROUP - 1) // CYF_GROUP
+    # per output (the format's dot_t), so the range is one contiguous run of W.
+    cdef Py_ssize_t a = n0, nw
     while a < n1:
         nw = n1 - a if n1 - a < GEMV_COLS else GEMV_COLS
-        for j in range(nw):
-            if W.fmt == CYF_F32:
-                acc[j] = cyf_dot(x, <const float*>W.data + (a + j) * W.ld, K)
-            elif W.fmt == CYF_I4:
-                acc[j] = cyf_dot_q4(x, W.data, W.ld, a + j, W.scale + (a + j) * ng, K)
-            else:
-                acc[j] = cyf_dot_q(x, W.data, W.fmt, W.ld, a + j, 0, K)
+        W.f.dot_t(acc, x, &W, a, nw, K)
         _finish(out + a, acc, b + a if b != NULL else NULL, nw, act, accumulate,
-                W.scale + a if W.fmt == CYF_I8 else NULL)
+                W.scale + a if W.f.out_scale else NULL)
         a += nw
-
-
-cdef void _gemv_block(float* partial, const float* x, Wt W, Py_ssize_t k0, Py_ssize_t kb,
-                      Py_ssize_t c0, Py_ssize_t cw, Py_ssize_t N, float* tmp) noexcept nogil:
-    # partial[0:cw] = rows k0 .. k0+kb-1 of W [K, N], columns c0 .. c0+cw-1,
-    # times x[k0 : k0+kb]; int4 group by group, each scaled (tmp: cw floats)
-    cdef Py_ssize_t g, kg, j
-    cdef const float* s
-    if W.fmt == CYF_F32:
-        cyf_gemv_rows(x + k0, <const float*>W.data + k0 * W.ld + c0, W.ld, kb, cw, partial)
-    elif W.fmt != CYF_I4:
-        cyf_gemv_rows_q(x + k0, W.data, W.fmt, W.ld, k0, c0, kb, cw, partial)
-    else:
-        for g in range((kb + CYF_GROUP - 1) // CYF_GROUP):
-            kg = kb - g * CYF_GROUP if kb - g * CYF_GROUP < CYF_GROUP else CYF_GROUP
-            cyf_gemv_rows_q(x + k0 + g * CYF_GROUP, W.data, W.fmt, W.ld, k0 + g * CYF_GROUP, c0,
-                            kg, cw, tmp)
-            s = W.scale + ((k0 + g * CYF_GROUP) // CYF_GROUP) * N + c0
-            if g == 0:
-                for j in range(cw):
-                    partial[j] = s[j] * tmp[j]
-            else:
-                for j in range(cw):
-                    partial[j] = partial[j] + s[j] * tmp[j]
 
 
 cdef void _gemv_cols_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t ldx, Py_ssize_t B,
                           Wt W, const float* b, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0, Py_ssize_t n1,
                           int act, bint accumulate, float* acc) noexcept nogil:
-    # gemv_cols (float32) for B rows of x: each row of W, read once, against
-    # every row of x, so each output is that of the one-row product.  acc
-    # holds [rows, outputs] for at most GEMV_COLS floats at a time.
-    cdef Py_ssize_t a, nw, j, r0, nr, r
+    # gemv_cols for B rows of x through the format's dot_t_rows: each row of
+    # W, read once, against every row of x, so each output is that of the
+    # one-row product.  acc holds [rows, outputs] for at most GEMV_COLS
+    # floats at a time.
+    cdef Py_ssize_t a, nw, r0, nr, r
     cdef Py_ssize_t rows = GEMV_COLS // GEMV_B_ROWS_T
     r0 = 0
     while r0 < B:
@@ -257,10 +198,10 @@ cdef void _gemv_cols_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t
         a = n0
         while a < n1:
             nw = n1 - a if n1 - a < GEMV_B_ROWS_T else GEMV_B_ROWS_T
-            cyf_dot_rows(x + r0 * ldx, ldx, <int>nr, <const float*>W.data + a * W.ld, W.ld, <int>nw, K, acc, nw)
+            W.f.dot_t_rows(acc, x + r0 * ldx, ldx, <int>nr, &W, a, nw, K)
             for r in range(nr):
                 _finish(out + (r0 + r) * ldo + a, acc + r * nw, b + a if b != NULL else NULL, nw, act,
-                        accumulate, NULL)
+                        accumulate, W.scale + a if W.f.out_scale else NULL)
             a += nw
         r0 += nr
 
@@ -305,7 +246,7 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
             c1 = N if N < c0 + GEMV_T_ROWS else c0 + GEMV_T_ROWS
             if B == 1:
                 gemv_cols(out, x, W, b, K, N, c0, c1, act, accumulate, acc)
-            elif W.fmt == CYF_F32 and B >= GEMV_TILE_ROWS:
+            elif W.f.dot_t_rows != NULL and B >= GEMV_TILE_ROWS:
                 _gemv_cols_rows(out, ldo, x, ldx, B, W, b, K, N, c0, c1, act, accumulate, acc)
             else:
                 while c0 < c1:  # a few rows of W, then every row of x against them
@@ -334,12 +275,11 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
         kb = K - k0 if K - k0 < GEMV_ROWS else GEMV_ROWS
         while c0 < c1:  # the partial row stays in L1 while W streams past
             cw = c1 - c0 if c1 - c0 < maxw else maxw
-            if B >= GEMV_TILE_ROWS and W.fmt == CYF_F32:  # each weight vector loaded once for all rows
-                cyf_gemv_rows_b(x + k0, ldx, <int>B, <const float*>W.data + k0 * W.ld + c0, W.ld, kb, cw,
-                                partials + blk * N + c0, nb * N)
+            if B >= GEMV_TILE_ROWS and W.f.gemv_block_rows != NULL:  # each weight loaded once for all rows
+                W.f.gemv_block_rows(partials + blk * N + c0, nb * N, x, ldx, <int>B, &W, k0, kb, c0, cw)
             else:
                 for r in range(B):
-                    _gemv_block(partials + (r * nb + blk) * N + c0, x + r * ldx, W, k0, kb, c0, cw, N, acc)
+                    W.f.gemv_block(partials + (r * nb + blk) * N + c0, x + r * ldx, &W, k0, kb, c0, cw, N, acc)
             c0 += cw
         item = cyf_next_item(counter)
     cyf_barrier()
@@ -353,7 +293,7 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
                 for j in range(n1 - n0):
                     p0[j] = p0[j] + pb[j]
             _finish(out + r * ldo + n0, p0, b + n0 if b != NULL else NULL, n1 - n0, act, accumulate,
-                    W.scale + n0 if W.fmt == CYF_I8 else NULL)
+                    W.scale + n0 if W.f.out_scale else NULL)
 
 
 cdef void _gemv(float* out, const float* x, Wt W, const float* b,
@@ -404,7 +344,7 @@ cdef void linear(float* out, const float* x, Wt W, const float* b,
         return
     if T < MATVEC_ROWS:
         _gemv(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
-    elif T < GEMM_DIRECT_ROWS and T <= K and W.fmt == CYF_F32 and not W.t:
+    elif T < GEMM_DIRECT_ROWS and T <= K and W.f.in_place and not W.t:
         _gemm_direct(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
     else:
         _gemm(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
@@ -417,21 +357,7 @@ cdef void add(float* out, const float* x, Py_ssize_t n, int nthreads) noexcept n
 
 
 cdef void dequant_row(float* out, Wt W, Py_ssize_t n, Py_ssize_t K) noexcept nogil:
-    cdef Py_ssize_t k, ng = (K + CYF_GROUP - 1) // CYF_GROUP
-    cdef const float* row
-    if W.fmt == CYF_F32:
-        row = <const float*>W.data + n * W.ld
-        for k in range(K):
-            out[k] = row[k]
-    elif W.fmt == CYF_I8:
-        for k in range(K):
-            out[k] = cyf_elem_t(W.data, W.fmt, W.ld, n, k) * W.scale[n]
-    elif W.fmt == CYF_I4:
-        for k in range(K):
-            out[k] = cyf_elem_t(W.data, W.fmt, W.ld, n, k) * W.scale[n * ng + k // CYF_GROUP]
-    else:
-        for k in range(K):
-            out[k] = cyf_elem_t(W.data, W.fmt, W.ld, n, k)
+    cyf_dequant_row_t(out, &W, n, K)
 
 
 cdef void embed(float* out, const long long* ids, Wt wte, const float* wpe,
@@ -536,9 +462,26 @@ def dot_product(a, b):
     return float(r)
 
 
-# format name -> (code, NumPy dtype of the stored weights)
-FORMATS = {"float32": (CYF_F32, np.float32), "bfloat16": (CYF_BF16, np.uint16),
-           "int8": (CYF_I8, np.int8), "int4": (CYF_I4, np.uint8)}
+from cyformer import formats as _formats
+
+
+def _check_format_table():
+    # formats.py's records and formats.h's rows must name the same formats
+    # at the same codes: the records say which row a Packed matrix reads.
+    for name, f in _formats.TABLE.items():
+        row = cyf_format_at(f.code)
+        if row == NULL or row.name.decode() != name:
+            raise ImportError(f"cyformer kernels: format {name!r} (code {f.code}) has no row in formats.h")
+    if CYF_NFORMATS != len(_formats.TABLE):
+        raise ImportError(f"cyformer kernels: formats.h has {CYF_NFORMATS} rows, formats.py {len(_formats.TABLE)}")
+
+
+_check_format_table()
+
+
+def format_kernels():
+    """{format name: what computes with it on this CPU, in words}."""
+    return {name: cyf_format_at(f.code).kernels.decode() for name, f in _formats.TABLE.items()}
 
 
 cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, list keep) except *:
@@ -549,8 +492,8 @@ cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, 
         keep.append(W)
         return f32_weights(cptr(W), w_transposed, W.shape[1])
     # a cyformer.formats.Packed matrix: data as stored, scales, logical shape
-    fmt = getattr(W, "fmt", None)
-    if fmt not in FORMATS or fmt == "float32":
+    f = _formats.TABLE.get(getattr(W, "fmt", None)) if isinstance(getattr(W, "fmt", None), str) else None
+    if f is None or f.layout is None:
         raise ValueError(f"{fn}: {name} must be a float32 array or a cyformer.formats.Packed matrix, "
                          f"got {type(W).__name__}")
     if bool(W.transposed) != bool(w_transposed):
@@ -560,19 +503,15 @@ cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, 
     rows, cols = (shape[1], shape[0]) if w_transposed else shape  # (K, N)
     if rows != K:
         raise ValueError(f"{fn}: {name} has {rows} inputs, x has {K}")
-    code, dtype = FORMATS[fmt]
+    nd, sshape = f.layout(rows, cols, w_transposed)
     data = W.data
-    nd = shape if fmt != "int4" else ((shape[0], (shape[1] + 1) // 2) if w_transposed
-                                      else ((shape[0] + 1) // 2, shape[1]))
-    if (not isinstance(data, np.ndarray) or data.dtype != dtype or data.shape != nd
+    if (not isinstance(data, np.ndarray) or data.dtype != f.storage or data.shape != nd
             or not data.flags.c_contiguous):
-        raise ValueError(f"{fn}: {name}'s {fmt} data must be a C-contiguous {np.dtype(dtype).name} "
+        raise ValueError(f"{fn}: {name}'s {f.name} data must be a C-contiguous {np.dtype(f.storage).name} "
                          f"array of shape {nd}")
     keep.append(data)
-    w.data, w.fmt, w.t, w.ld, w.scale = cnp.PyArray_DATA(<cnp.ndarray>data), code, w_transposed, nd[1], NULL
-    if fmt in ("int8", "int4"):
-        ng = (rows + 31) // 32
-        sshape = (cols,) if fmt == "int8" else ((cols, ng) if w_transposed else (ng, cols))
+    w.data, w.f, w.t, w.ld, w.scale = cnp.PyArray_DATA(<cnp.ndarray>data), cyf_format_at(f.code), w_transposed, nd[1], NULL
+    if sshape is not None:
         sc = f32(fn, f"{name}.scale", W.scale, len(sshape))
         _checks.shape(fn, f"{name}.scale", sc, sshape)
         keep.append(sc)

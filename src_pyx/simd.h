@@ -547,9 +547,10 @@ static inline void cyf_bf16_unpair(float *out, ptrdiff_t n)
 }
 #endif
 
-/* cyf_gemv_rows_q's loop for one format: fmt is a constant once inlined
- * into the switch below, so each format gets its own loop with no test on
- * the format inside.  Eight rows of W per pass over out (half the loads and
+/* cyf_gemv_rows for W's rows k0 .. k0+K-1 (k0 even for int4) in format fmt,
+ * unscaled: out[j] = sum_k x[k] W(k0 + k, j0 + j).  fmt is a constant in
+ * each format's instantiation (formats.h), so each format gets its own loop
+ * with no test on the format inside.  Eight rows of W per pass over out (half the loads and
  * stores of out that four rows cost); every output is still one k-ordered
  * chain acc += x[k] * w from zero, so the width and the rows per pass do
  * not change a bit of it. */
@@ -561,7 +562,8 @@ cyf_gemv_rows_fmt(const float *x, const void *W, const int fmt, ptrdiff_t ld,
     ptrdiff_t k = 0, j;
     for (; k + 8 <= K; k += 8) {
         const float *s = x + k;
-        const ptrdiff_t r = k0 + k;
+        /* k0 is even for int4: saying so makes each row's nibble a constant */
+        const ptrdiff_t r = fmt == CYF_I4 ? (k0 + k) & ~(ptrdiff_t)1 : k0 + k;
         j = 0;
 #if CYF_VW == 16
         if (fmt == CYF_BF16)
@@ -595,19 +597,6 @@ cyf_gemv_rows_fmt(const float *x, const void *W, const int fmt, ptrdiff_t ld,
     if (K <= 0)
         for (j = 0; j < n; j++)
             out[j] = 0.0f;
-}
-
-/* cyf_gemv_rows for a matrix in format fmt: out[j] = sum_k x[k] W(k0 + k, j0 + j),
- * W's rows k0 .. k0+K-1 (k0 even for int4), unscaled. */
-static inline void cyf_gemv_rows_q(const float *x, const void *W, int fmt, ptrdiff_t ld,
-                                   ptrdiff_t k0, ptrdiff_t j0, ptrdiff_t K, ptrdiff_t n, float *out)
-{
-    switch (fmt) {
-    case CYF_BF16: cyf_gemv_rows_fmt(x, W, CYF_BF16, ld, k0, j0, K, n, out); break;
-    case CYF_I8: cyf_gemv_rows_fmt(x, W, CYF_I8, ld, k0, j0, K, n, out); break;
-    case CYF_I4: cyf_gemv_rows_fmt(x, W, CYF_I4, ld, k0, j0, K, n, out); break;
-    default: cyf_gemv_rows_fmt(x, W, CYF_F32, ld, k0, j0, K, n, out); break;
-    }
 }
 
 /* dst[0:cnt] = row k, columns n .. n+cnt-1 of a [K, N] matrix in format fmt,

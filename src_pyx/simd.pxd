@@ -24,20 +24,5 @@ cdef extern from "simd.h" nogil:
     void cyf_gelu_new_n(float* x, Py_ssize_t n)
     void cyf_swiglu_n(float* out, const float* g, const float* u, Py_ssize_t n)
     double cyf_exp_shift_n(float* x, Py_ssize_t n, float shift)
-    # weights in fewer bytes
-    enum:
-        CYF_F32
-        CYF_BF16
-        CYF_I8
-        CYF_I4
-        CYF_GROUP
-    void cyf_gemv_rows_q(const float* x, const void* W, int fmt, Py_ssize_t ld, Py_ssize_t k0,
-                         Py_ssize_t j0, Py_ssize_t K, Py_ssize_t n, float* out)
-    float cyf_dot_q(const float* x, const void* W, int fmt, Py_ssize_t ld, Py_ssize_t n,
-                    Py_ssize_t k0, Py_ssize_t K)
-    float cyf_dot_q4(const float* x, const void* W, Py_ssize_t ld, Py_ssize_t n, const float* scale,
-                     Py_ssize_t K)
-    float cyf_elem_t(const void* W, int fmt, Py_ssize_t ld, Py_ssize_t n, Py_ssize_t k)
-    void cyf_dequant_run(const void* W, int fmt, Py_ssize_t ld, const float* scale, Py_ssize_t N,
-                         Py_ssize_t k, Py_ssize_t n, Py_ssize_t cnt, float* dst)
+    # weights in fewer bytes: their kernels are rows of formats.h's table (linalg.pxd)
     float cyf_max_n(const float* x, Py_ssize_t n, float init)

@@ -465,3 +465,25 @@ def test_weight_views_and_hooks_on_packed_weights():
 def test_load_refuses_unknown_dtype():
     with pytest.raises(ValueError, match="dtype must be one of"):
         cyformer.load(dtype="fp8")
+
+
+def test_the_format_table_drives_options_saving_and_info():
+    # every format is one record: --dtype's choices, the saved tags and
+    # build_info come from formats.TABLE, and each record has its kernels' row
+    from cyformer import cli, formats, saving
+
+    import argparse
+
+    parser = cli.build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    choices = {tuple(a.choices) for p in subs.choices.values() for a in p._actions if a.dest == "dtype"}
+    assert formats.FORMATS in choices                                       # load --dtype
+    assert any(c[:len(formats.PACKED)] == formats.PACKED for c in choices)  # quantize (+ GGUF's types)
+    assert set(saving.TAGS.values()) == {f.tag for f in formats.TABLE.values()}
+    info = cyformer.build_info()["formats"]
+    assert list(info) == list(formats.FORMATS)
+    assert all(info[name]["kernels"] for name in info)
+    for name in formats.PACKED:
+        f = formats.TABLE[name]
+        p = quantize(np.ones((64, 8), np.float32), name)
+        assert p.data.dtype == f.storage and p.nbytes <= 64 * 8 * f.bytes_per_weight + 64 * 4
