@@ -119,6 +119,7 @@ def test_inspect_without_matplotlib_still_writes_html(tmp_path):
     assert r.returncode == 1
     assert "pip install 'cyformer[plot]'" in r.stderr
     assert r.stderr.index("not writing") < r.stderr.index("wrote")  # said before the work
+    assert r.stderr.count("not writing") == 1 and "warning" not in r.stderr  # and said once
     assert page.exists() and page.stat().st_size > 0 and not png.exists()
     assert "next token:" in r.stdout
 
@@ -130,3 +131,34 @@ def test_cli_and_python_share_the_default_length():
 
     assert build_parser().parse_args(["generate", "x"]).max_new_tokens == GenerationRequest().max_new_tokens
     assert build_parser().parse_args(["chat"]).max_new_tokens == CHAT_MAX_NEW_TOKENS
+
+
+def test_import_inside_an_unbuilt_checkout_says_what_to_do(tmp_path):
+    """Python finds a source checkout's cyformer/ (the current directory
+    comes first) before the installed package; without built kernels there
+    it says so, instead of a circular-import error."""
+    import shutil
+
+    import cyformer
+
+    src = os.path.dirname(cyformer.__file__)
+    shutil.copytree(src, tmp_path / "cyformer",
+                    ignore=shutil.ignore_patterns("*.so", "_kernels_*", "data", "__pycache__"))
+    r = subprocess.run([sys.executable, "-c", "import cyformer"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert r.returncode == 1
+    assert "source checkout" in r.stderr and "pip install -e ." in r.stderr
+    assert "circular import" not in r.stderr
+
+
+def test_the_bundled_model_has_a_name_and_bare_names_get_the_hub_spelling(tmp_path, monkeypatch):
+    from cyformer.errors import ModelLoadError
+
+    monkeypatch.chdir(tmp_path)
+    assert cyformer.load("pycode", threads=1).path == cyformer.load(threads=1).path
+    with pytest.raises(ModelLoadError, match="openai-community/gpt2"):
+        cyformer.load("gpt2")
+    r = run("quantize", "pycode", str(tmp_path / "q8"), "--dtype", "int8",
+            env={"PYTHONPATH": os.path.dirname(os.path.dirname(cyformer.__file__))})
+    assert r.returncode == 0, r.stderr
+    assert cyformer.load(tmp_path / "q8").dtype == "int8"
