@@ -1,7 +1,7 @@
 """cyformer beside a naive baseline, a NumPy reference and PyTorch, in one run.
 
     python bench/run.py            # full run (several minutes)
-    python bench/run.py --quick    # smoke run, under a minute
+    python bench/run.py --quick    # smoke run (1-2 minutes on 2 cores), written to a temporary directory
 
 Every contender gets the same random GPT-2-small weights and the same tokens.
 Contenders are interleaved and repeated; tables give the median and the
@@ -10,7 +10,13 @@ contenders: the machine's float32 GEMM rate (NumPy's BLAS) and its streaming
 read bandwidth, so the achieved GFLOP/s of prefill and GB/s of weight reads
 in decode can be put beside the best the machine showed in the same run;
 decode is also paired with read probes taken right before and after it.
-Writes bench/results/<date>-<cpu>.md and a PNG chart, and prints the table.
+Writes bench/results/<date>-<cpu>.md and a PNG chart, and prints the table
+(--quick writes under the system's temporary directory unless --out says
+otherwise: a smoke run's figures do not belong with the results).
+
+Decode speed is (n - 1) tokens over the time from the first generated token
+to the last, within one generation, for every contender: PyTorch's is timed
+in a greedy loop over its KV cache, as cyformer's generate() times itself.
 """
 
 import argparse
@@ -174,15 +180,26 @@ class Torch:
             self.model(torch.as_tensor(ids)[None]).logits
 
     def generate(self, ids, n):
+        """-> (time to first token, decode tokens/s), both from one greedy
+        generation of n >= 2 tokens over the model's KV cache.  (Timing two
+        separate generate() calls of 1 and n tokens and dividing by the
+        difference gave absurd figures whenever the shorter call happened to
+        be the slower one.)"""
         torch = self.torch
         torch.set_num_threads(self.threads)
+        if n < 2:
+            raise ValueError("decode speed needs at least 2 new tokens")
         x = torch.as_tensor(ids)[None]
-        kw = dict(attention_mask=torch.ones_like(x), do_sample=False, eos_token_id=None,
-                  pad_token_id=0, use_cache=True)
         with torch.inference_mode():
-            t1 = _timed(lambda: self.model.generate(x, max_new_tokens=1, **kw))
-            tn = _timed(lambda: self.model.generate(x, max_new_tokens=n, min_new_tokens=n, **kw))
-        return t1, (n - 1) / max(tn - t1, 1e-9)
+            t0 = time.perf_counter()
+            out = self.model(x, use_cache=True)
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            t1 = time.perf_counter()
+            for _ in range(n - 1):
+                out = self.model(tok, past_key_values=out.past_key_values, use_cache=True)
+                tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            tn = time.perf_counter()
+        return t1 - t0, (n - 1) / (tn - t1)
 
 
 def make_contenders(path, threads_list, with_numpy, with_torch):
@@ -292,12 +309,18 @@ print(next(int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.star
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: fewer repeats and tokens (< 1 minute)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: fewer repeats and tokens (1-2 minutes on 2 cores; the report gives its "
+                         "own duration), written under the temporary directory unless --out is given")
     ap.add_argument("--reps", type=int, default=None, help="repeats per measurement (default 5, quick 1)")
     ap.add_argument("--threads", default="1,2", help="thread counts to compare (default 1,2)")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for the .md and .png")
+    ap.add_argument("--out", default=None,
+                    help="directory for the .md and .png (default bench/results; --quick: a temporary one)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        import tempfile
+        args.out = os.path.join(tempfile.gettempdir(), "cyformer-bench") if args.quick else os.path.join(HERE, "results")
     threads_list = [int(t) for t in args.threads.split(",")]
     quick = args.quick
     reps = args.reps or (1 if quick else 5)
