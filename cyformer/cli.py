@@ -68,7 +68,7 @@ def _model_args(p):
 def build_parser():
     parser = _Parser(
         prog="cyformer",
-        description="CPU-native GPT-2 inference with Cython kernels.",
+        description="Transformer inference on the CPU (GPT-2 and the Llama family) with Cython kernels.",
         epilog="Run 'cyformer COMMAND --help' for the options of each command.",
     )
     from . import __version__
@@ -416,15 +416,16 @@ def cmd_inspect(args):
     from . import _checks
     from .interp import export, lens
 
-    # An optional dependency that is missing is found before the work: the
-    # rest (text, HTML) is still produced, and the exit status says what was not.
+    # An optional dependency that is missing is found before the work and
+    # said once, then; the rest (text, HTML) is still produced, and the exit
+    # status (1) says that not everything asked for was.
     png_missing = None
     if args.png:
         try:
             export.require_matplotlib()
         except export.PlotUnavailable as e:
             png_missing = e
-            print(f"cyformer: warning: not writing {args.png}: {e}", file=sys.stderr)
+            print(f"cyformer: error: not writing {args.png}: {e}; writing the rest", file=sys.stderr)
     model = _load(args)
     cfg = model.config
     for name, value, n in (("layer", args.layer, cfg.n_layer), ("head", args.head, cfg.n_head)):
@@ -463,9 +464,7 @@ def cmd_inspect(args):
         if path and not (save is export.save_png and png_missing):
             save(path, labels, patterns)
             print(f"[cyformer] wrote {len(patterns)} attention pattern(s) to {path}", file=sys.stderr)
-    if png_missing:
-        raise png_missing
-    return 0
+    return 1 if png_missing else 0
 
 
 def cmd_quantize(args):
