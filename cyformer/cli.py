@@ -174,7 +174,8 @@ def _serve_args(sub):
     s = sub.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description="Serve /v1/models, /v1/completions and /v1/chat/completions (OpenAI's API, "
-                    "streaming as Server-Sent Events), /health and /metrics (Prometheus).  Requests "
+                    "streaming as Server-Sent Events), /tokenize, /detokenize and /tokenizer_info "
+                    "(vLLM's), /health and /metrics (Prometheus).  Requests "
                     "run together in one batch (continuous batching); prompts that start like an "
                     "earlier one reuse its keys and values (the prefix cache).  SIGTERM or Ctrl-C "
                     "stops taking requests, lets running ones finish for --grace seconds, and exits 0.  "
@@ -201,6 +202,12 @@ def _serve_args(sub):
                    help=f"memory for cached prompt keys/values; 0 turns the cache off (default: {DEFAULT_MB})")
     s.add_argument("--grace", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, seconds running requests get to finish (default: 30)")
+    s.add_argument("--max-prompts", type=_positive_int, default=256, metavar="P",
+                   help="prompts per /v1/completions request (default: 256); with n choices each, "
+                        "they must fit the queue (--max-queue)")
+    s.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
+                   help="logprobs of the model's logits (raw, the default) or of the scores sampled "
+                        "from, after logit_bias, penalties and temperature (processed)")
 
 
 def cmd_serve(args):
@@ -212,7 +219,8 @@ def cmd_serve(args):
     api_key = args.api_key if args.api_key is not None else os.environ.get(serve.API_KEY_ENV) or None
     app = serve.create_app(model, model_name=args.model_name, api_key=api_key, grace=args.grace,
                            max_batch=args.max_batch, max_queue=args.max_queue,
-                           prefill_chunk=args.prefill_chunk, prefix_cache_mb=args.prefix_cache_mb)
+                           prefill_chunk=args.prefill_chunk, prefix_cache_mb=args.prefix_cache_mb,
+                           max_prompts=args.max_prompts, logprobs_mode=args.logprobs_mode)
     name = app.state.cyformer.model_name
     print(f"[cyformer] serving {name!r} on http://{args.host}:{args.port}/v1 "
           f"(batch {args.max_batch}, queue {args.max_queue}, prefix cache {args.prefix_cache_mb:g} MB"

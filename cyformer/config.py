@@ -5,15 +5,14 @@ family's choices (norm, positions, MLP, biases, key/value heads) as fields
 that the loader, the backends and the kernels read.
 """
 
-import json
 import math
-import os
 import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Optional, Tuple
 
 from . import arch
 from .errors import ModelLoadError
+from .model_files import read_json_object
 
 # Sanity bounds, far above any model this engine targets, so that a corrupt
 # or hostile config.json is refused before anything is sized from it (and no
@@ -228,27 +227,9 @@ def read_config(path):
     unreadable file, text that is not a JSON object, a missing geometry key
     (vocab_size, n_positions, n_embd, n_layer, n_head) or a bad value.
     """
-    if not os.path.exists(path):
+    raw = read_json_object(path, MAX_CONFIG_BYTES)
+    if raw is None:
         raise ModelLoadError(f"{path}: config.json not found")
-    if not os.path.isfile(path):
-        raise ModelLoadError(f"{path}: config.json is not a regular file")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ModelLoadError(f"{path}: over {MAX_CONFIG_BYTES} bytes; not a config.json")
-    try:
-        raw = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ModelLoadError(f"{path}: not valid JSON (not UTF-8: {e.reason} at byte {e.start})") from None
-    # ValueError covers JSONDecodeError and integers too long to convert;
-    # RecursionError a pathologically nested document.
-    except (ValueError, RecursionError) as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({str(e)[:200]})") from None
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     for key, aliases in REQUIRED.items():
         if key not in raw and not any(a in raw for a in aliases):
             raise ModelLoadError(f"{path}: missing key {key!r}")

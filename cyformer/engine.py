@@ -43,7 +43,7 @@ from .request import CHAT_MAX_NEW_TOKENS, NOT_GIVEN, GenerationRequest
 from .prefix_cache import DEFAULT_MB, PrefixCache
 
 MAX_BATCH = 16        # sequences decoded together
-MAX_QUEUE = 64        # requests waiting for a slot before submit() refuses more
+MAX_QUEUE = 512       # requests waiting for a slot before submit() refuses more (a few KB each)
 PREFILL_CHUNK = 256   # prompt positions prefilled per step, over all new sequences
 
 

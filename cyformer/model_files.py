@@ -53,8 +53,8 @@ def _clip(v, n=60):
     return r if len(r) <= n else r[:n] + "..."
 
 
-def read_json_object(path):
-    """A JSON object from ``path``, or None when there is no such file.
+def read_json_object(path, max_bytes=MAX_JSON_BYTES):
+    """A JSON object from ``path`` (at most ``max_bytes``), or None when there is no such file.
 
     Every failure (unreadable, too large, not UTF-8, not JSON, not an
     object) is a ModelLoadError naming the file.
@@ -65,11 +65,11 @@ def read_json_object(path):
         raise ModelLoadError(f"{path}: not a regular file")
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_JSON_BYTES + 1)
+            data = f.read(max_bytes + 1)
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
-    if len(data) > MAX_JSON_BYTES:
-        raise ModelLoadError(f"{path}: over {MAX_JSON_BYTES} bytes; refusing to parse it")
+    if len(data) > max_bytes:
+        raise ModelLoadError(f"{path}: over {max_bytes} bytes; refusing to parse it")
     try:
         raw = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:

@@ -22,6 +22,7 @@ class Tokenizer:
         except Exception as e:  # the Rust side raises a bare Exception
             raise ModelLoadError(f"{path}: not a readable tokenizer.json ({e})") from None
         self.path = os.fspath(path)
+        self._byte_of = self._specials = None  # token_bytes' tables, made on first use
         self.config = config if config is not None else TokenizerConfig()
         self.bos_id = None  # prepended to prompts when tokenizer_config.json says add_bos_token
         if self.config.add_bos_token:
@@ -51,12 +52,61 @@ class Tokenizer:
     def token_to_id(self, token):
         return self._tok.token_to_id(token)
 
+    def token_bytes(self, token_id):
+        """The bytes one token stands for, which need not be whole UTF-8
+        characters: byte-level BPE tokens through GPT-2's byte alphabet,
+        SentencePiece's byte fallback (<0xNN>) as that byte, special tokens
+        as their text, anything else as its decoded text."""
+        if self._byte_of is None:
+            self._byte_of = _byte_alphabet() if _decoder_kind(self._tok) == "ByteLevel" else {}
+        piece = self._tok.id_to_token(int(token_id))
+        if piece is None:
+            return b""
+        if int(token_id) in self._special_ids():
+            return piece.encode("utf-8")
+        if self._byte_of and all(c in self._byte_of for c in piece):
+            return bytes(self._byte_of[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return self._tok.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
+
+    def _special_ids(self):
+        if self._specials is None:
+            self._specials = frozenset(self.special_tokens().values())
+        return self._specials
+
     def special_tokens(self):
         """Text -> id of every added token marked special (<|im_end|>, <|eot_id|>, ...)."""
         return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     def stream(self, skip_special_tokens=True):
         return StreamDecoder(self, skip_special_tokens)
+
+
+def _decoder_kind(tok):
+    """tokenizer.json's decoder type ("ByteLevel", "Sequence", ...), or None."""
+    import json
+
+    try:
+        return json.loads(tok.to_str()).get("decoder", {}).get("type")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _byte_alphabet():
+    """GPT-2's printable stand-in of each byte -> the byte (byte-level BPE's alphabet)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = [], 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + n))
+            n += 1
+    return {c: b for b, c in enumerate(chars)}
 
 
 class StreamDecoder:
