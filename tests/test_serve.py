@@ -313,3 +313,113 @@ def test_sigterm_exits_zero(model_dir):
             proc.wait()
     assert "serving 'pycode' on http://127.0.0.1" in proc.stderr.read()
     assert os.path.isdir(model_dir)
+
+
+# -- issue 27: what evaluation harnesses and vLLM clients send --
+
+def _bytes_of(tokens):
+    """The bytes a logprobs token list stands for (OpenAI's bytes:\\xNN for partial characters)."""
+    out = b""
+    for s in tokens:
+        if s.startswith("bytes:"):
+            out += bytes(int(h, 16) for h in s[len("bytes:"):].split("\\x")[1:])
+        else:
+            out += s.encode("utf-8")
+    return out
+
+
+def test_echo_gives_the_prompts_logprobs(client, model):
+    text = "def fib(n):\n    return n"
+    r = client.completions.create(model=NAME, prompt=text, max_tokens=0, echo=True, logprobs=1)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(list(model.score(text)), abs=1e-12)
+    assert all(len(t) == 1 for t in lp.top_logprobs[1:])
+    # token-id prompts, batched, one new token after each (lm-eval's loglikelihood request)
+    a, b = model.encode("import os\nimport sys"), model.encode("x = [1, 2, 3]")
+    r = client.completions.create(model=NAME, prompt=[a, b], max_tokens=1, echo=True, logprobs=1, temperature=0)
+    for choice, ids in zip(sorted(r.choices, key=lambda c: c.index), (a, b)):
+        got = choice.logprobs.token_logprobs
+        assert len(got) == len(ids) + 1 and got[0] is None
+        assert got[1:len(ids)] == pytest.approx(list(model.score(ids)), abs=1e-12)
+        nxt = model.generate(ids, max_new_tokens=1, temperature=0, logprobs=True)
+        assert got[-1] == pytest.approx(nxt.logprobs[0].logprob, abs=1e-9)
+        assert choice.text == model.decode(ids) + model.decode(list(nxt))
+
+
+def test_partial_characters_follow_openai(client):
+    text = "s = 'Grüße aus Köln, 日本語 🙂'"
+    r = client.completions.create(model=NAME, prompt=text, max_tokens=4, echo=True, logprobs=3, temperature=0)
+    c = r.choices[0]
+    lp = c.logprobs
+    assert any(t.startswith("bytes:\\x") for t in lp.tokens)
+    assert _bytes_of(lp.tokens).decode("utf-8") == c.text
+    assert lp.text_offset == sorted(lp.text_offset) and max(lp.text_offset) <= len(c.text)
+    assert lp.text_offset[0] == 0
+    for pos, tok in zip(lp.text_offset, lp.tokens):
+        if not tok.startswith("bytes:"):
+            assert c.text[pos:pos + len(tok)] == tok
+    assert all(len(t) == 3 for t in lp.top_logprobs[1:])  # as many entries as asked
+    chat = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "日本語"}],
+                                          max_tokens=12, temperature=0, logprobs=True, top_logprobs=4)
+    content = chat.choices[0].logprobs.content
+    assert b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace").startswith(
+        chat.choices[0].message.content[:1] or "")
+    assert b"".join(bytes(t.bytes) for t in content) == chat.choices[0].message.content.encode("utf-8") or \
+        chat.choices[0].finish_reason == "length"
+    assert all(len(t.top_logprobs) == 4 for t in content)
+
+
+def test_logprobs_are_the_models_whatever_the_sampling(client, model):
+    kw = dict(temperature=0, frequency_penalty=1.5, presence_penalty=0.5, logit_bias={"17": 3})
+    r = client.completions.create(model=NAME, prompt="def f(x):", max_tokens=6, logprobs=0, seed=1,
+                                  extra_body={"repetition_penalty": 1.3, "top_k": 5}, **kw)
+    ref = model.generate("def f(x):", max_new_tokens=6, logprobs=True, seed=1, repetition_penalty=1.3, top_k=5,
+                         **dict(kw, logit_bias={17: 3}))
+    assert r.choices[0].text == ref
+    assert r.choices[0].logprobs.token_logprobs == pytest.approx([t.logprob for t in ref.logprobs], abs=1e-9)
+    ids = model.encode("def f(x):") + list(ref.token_ids)
+    raw = model.forward(ids)[len(ids) - len(ref.token_ids) - 1:-1]
+    from cyformer.sampling import log_softmax
+    assert [t.logprob for t in ref.logprobs] == pytest.approx(
+        [log_softmax(row)[t] for row, t in zip(raw, ref.token_ids)], abs=1e-5)
+
+
+def test_vllm_fields_are_honoured(client, model):
+    stops = ["\n\n", "return", "pass", "#", "class", "print"]  # more than OpenAI's 4
+    body = dict(max_tokens=24, temperature=0, stop=stops)
+    r = client.completions.create(model=NAME, prompt="def f(x):", **body)
+    assert r.choices[0].text == model.generate("def f(x):", max_new_tokens=24, temperature=0, stop=stops)
+    extra = {"min_p": 0.1, "ignore_eos": True, "min_tokens": 3, "stop_token_ids": [0], "top_k": 20,
+             "skip_special_tokens": True}
+    r = client.completions.create(model=NAME, prompt="x = ", max_tokens=8, temperature=0.8, seed=3, extra_body=extra)
+    ref = model.generate("x = ", max_new_tokens=8, temperature=0.8, seed=3, min_p=0.1, ignore_eos=True, min_tokens=3,
+                         stop=[0], top_k=20)
+    assert r.choices[0].text == ref
+    many = [f"v{i} = " for i in range(20)]  # more prompts than the old limit of 16
+    r = client.completions.create(model=NAME, prompt=many, max_tokens=2, temperature=0)
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == \
+        [model.generate(p, max_new_tokens=2, temperature=0) for p in many]
+
+
+def test_best_of_returns_the_most_likely(client, model):
+    r = client.completions.create(model=NAME, prompt="def f(x):", max_tokens=5, temperature=1.0, seed=4, n=1,
+                                  best_of=3)
+    cands = [model.generate("def f(x):", max_new_tokens=5, temperature=1.0, seed=4 + j, logprobs=True)
+             for j in range(3)]
+    best = max(cands, key=lambda c: sum(t.logprob for t in c.logprobs) / len(c.logprobs))
+    assert [c.text for c in r.choices] == [best]
+
+
+def test_tokenize_and_detokenize(server, model):
+    r = post(server, "/tokenize", {"model": NAME, "prompt": "def f(x):", "return_token_strs": True}).json()
+    assert r["tokens"] == model.encode("def f(x):") and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == model.config.n_positions and "".join(r["token_strs"]) == "def f(x):"
+    assert post(server, "/detokenize", {"tokens": r["tokens"]}).json() == {"prompt": "def f(x):"}
+    chat = post(server, "/tokenize", {"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert model.decode(chat["tokens"]) == "<|user|>\nhi\n<|assistant|>\n"  # special tokens left out
+    bad = post(server, "/detokenize", {"tokens": [10**6]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    info = httpx.get(server.url + "/tokenizer_info").json()
+    assert info["eos_token"] == "<|endoftext|>" and info["chat_template"] == TEMPLATE
