@@ -12,12 +12,23 @@ Environment switches read at build time:
 ``CYFORMER_NATIVE=1``  build only ``_kernels_native`` with ``-march=native``.
 ``CYFORMER_DEBUG=1``   bounds and wraparound checks on, ``-O1 -g``.
 ``CYFORMER_ISA=v2,v3`` restrict the levels that are built (faster dev builds).
+``CYFORMER_CCACHE=0``  do not compile through ccache (used when it is on PATH).
+
+Repeated builds from one checkout are incremental: the generated C files in
+build/c are reused while a fingerprint of the kernel sources, Cython, NumPy
+and the build switches is unchanged (Cython's own check goes by file times,
+and every isolated pip build installs a fresh Cython whose include files are
+newer than any C file), and setuptools then skips every module whose
+compiled file in build/ is newer than its C file.  Each module's compile is
+announced on standard error (shown by ``pip install -v``).
 
 Floating point stays IEEE: no ``-ffast-math`` (it breaks tanh/exp edge cases
 and lets the compiler reorder sums, which would make results depend on the
 vector width).
 """
 
+import hashlib
+import json
 import os
 import platform
 import shutil
@@ -161,8 +172,36 @@ def extensions(levels, omp):
     return exts, base
 
 
+def _fingerprint(directives):
+    """What the generated C files depend on: every kernel source, the Cython
+    and NumPy versions, the directives and the build switches."""
+    import Cython
+    import numpy
+
+    h = hashlib.sha256(json.dumps([Cython.__version__, numpy.__version__, directives, DEBUG, NATIVE],
+                                  sort_keys=True).encode())
+    for root, _, files in sorted(os.walk(SRC)):
+        for name in sorted(files):
+            if name.endswith((".pyx", ".pxd", ".h")):
+                path = os.path.join(root, name)
+                h.update(os.path.relpath(path, SRC).encode())
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+C_DIR = os.path.join(HERE, "build", "c")
+C_STAMP = os.path.join(C_DIR, "fingerprint.txt")
+
+
+def _c_file(ext):
+    """Where cythonize(build_dir=build/c) writes the C file of a one-.pyx extension."""
+    return os.path.join(C_DIR, os.path.splitext(ext.sources[0])[0] + ".c")
+
+
 class BuildExt(build_ext):
-    """Cythonize lazily (so metadata queries need no Cython) and record build info."""
+    """Cythonize lazily (so metadata queries need no Cython), reuse the C files
+    of an unchanged tree, announce each module, and record build info."""
 
     def finalize_options(self):
         import Cython
@@ -186,14 +225,28 @@ class BuildExt(build_ext):
             "cdivision": not DEBUG,
             "embedsignature": True,
         }
-        self.distribution.ext_modules = cythonize(
-            exts,
-            compiler_directives=directives,
-            include_path=[GEN],
-            build_dir=os.path.join(HERE, "build", "c"),
-            nthreads=os.cpu_count() or 1,
-            quiet=True,
-        )
+        stamp = _fingerprint(directives)
+        reuse = (os.path.exists(C_STAMP) and open(C_STAMP).read() == stamp
+                 and all(os.path.exists(_c_file(e)) for e in exts))
+        if reuse:
+            for e in exts:
+                e.sources = [os.path.relpath(_c_file(e), HERE)]
+            self.distribution.ext_modules = exts
+            print(f"[cyformer build] kernel sources unchanged: reusing the C files in {C_DIR}",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"[cyformer build] generating C for {len(exts)} modules (Cython {Cython.__version__})",
+                  file=sys.stderr, flush=True)
+            self.distribution.ext_modules = cythonize(
+                exts,
+                compiler_directives=directives,
+                include_path=[GEN],
+                build_dir=C_DIR,
+                nthreads=os.cpu_count() or 1,
+                quiet=True,
+            )
+            with open(C_STAMP, "w") as f:
+                f.write(stamp)
         self._info = {
             "openmp": omp is not None,
             "openmp_flags": omp[0] if omp else [],
@@ -207,6 +260,29 @@ class BuildExt(build_ext):
         if self.parallel is None:
             self.parallel = os.cpu_count() or 1
         super().finalize_options()
+
+    def build_extensions(self):
+        if (os.environ.get("CYFORMER_CCACHE", "1") != "0" and shutil.which("ccache")
+                and self.compiler.compiler_type == "unix"):
+            for attr in ("compiler_so", "compiler"):
+                cmd = getattr(self.compiler, attr, None)
+                if cmd and os.path.basename(cmd[0]) != "ccache":
+                    setattr(self.compiler, attr, ["ccache", *cmd])
+            print("[cyformer build] compiling through ccache", file=sys.stderr, flush=True)
+        self._total, self._done = len(self.extensions), 0
+        super().build_extensions()
+
+    def build_extension(self, ext):
+        try:
+            from setuptools.modified import newer_group
+        except ImportError:  # setuptools < 69
+            from distutils.dep_util import newer_group
+
+        target = self.get_ext_fullpath(ext.name)
+        stale = self.force or newer_group(list(ext.sources) + list(ext.depends or []), target, "newer")
+        print(f"[cyformer build] {'compiling' if stale else 'up to date:'} {ext.name}",
+              file=sys.stderr, flush=True)
+        super().build_extension(ext)
 
     def run(self):
         super().run()

@@ -6,12 +6,19 @@
 # Order: release wheel -> debug-build kernel tests -> benchmark smoke run ->
 # the docs site (strict) ->
 # the full suite against the release wheel (last, so its summary closes the log).
+#
+# What it costs: it replaces ./dist (the wheel it builds) and the virtual
+# environment build/test-venv (CYFORMER_TEST_VENV to put it elsewhere), which
+# takes about 2 GB because the [test] extra installs torch (CPU), transformers,
+# Ray, datasets and TransformerLens from PyPI; the suite runs ~15-20 minutes
+# on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 VENV=${CYFORMER_TEST_VENV:-$ROOT/build/test-venv}
 
+echo "scripts/test.sh: replacing ./dist and $VENV (~2 GB: torch, transformers, Ray ... from PyPI)" >&2
 rm -rf "$VENV" dist
 "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
