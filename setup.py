@@ -301,7 +301,7 @@ setup(
     packages=[*find_packages(include=["cyformer", "cyformer.*"]), *level_pkgs],
     package_dir={**{k: os.path.relpath(v, HERE) for k, v in level_pkgs.items()}},
     package_data={
-        "cyformer": ["data/*/*.json", "data/*/*.safetensors", "data/*/*.md", "data/*/*.png"],
+        "cyformer": ["data/*/*.json", "data/*/*.safetensors", "data/*/*.md", "data/*/*.png", "py.typed"],
         **{k: ["*.pxd", "*.h"] for k in level_pkgs},
     },
     ext_modules=[Extension("cyformer._runtime", [])],  # replaced in BuildExt

@@ -19,8 +19,9 @@ def default_model_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", DEFAULT_MODEL)
 
 
-def load(path=None, *, threads=None, backend="cython", dtype=None, fold_ln=False, center_writing_weights=False,
-         center_unembed=False, fold_value_biases=False):
+def load(path: "str | os.PathLike | None" = None, *, threads: "int | None" = None, backend: str = "cython",
+         dtype: "str | None" = None, fold_ln: bool = False, center_writing_weights: bool = False,
+         center_unembed: bool = False, fold_value_biases: bool = False) -> Model:
     """Load a GGUF file (cyformer.gguf) or a checkpoint directory: config.json, model.safetensors and,
     when present, tokenizer.json, tokenizer_config.json (special tokens, chat
     template) and generation_config.json (eos ids, sampling defaults).  With
