@@ -311,7 +311,9 @@ def worker(spec):
 
 def run_one(name, engine, path, fmt, threads, vocab, quick):
     spec = dict(engine=engine, path=path, fmt=fmt, threads=threads, vocab=vocab, quick=quick)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    # a fixed team for every engine: cyformer's adaptive cap would shrink its
+    # team on a busy machine while the peers keep theirs
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), CYFORMER_ADAPTIVE_THREADS="0")
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)], cwd=HERE,
                        capture_output=True, text=True, timeout=1800, env=env)
     for line in p.stdout.splitlines():
@@ -403,7 +405,8 @@ def main(argv=None):
              f"Median (min-max) of {reps} repeats, each contender a fresh process per repeat, contenders "
              f"interleaved; random weights; decode: {NEW} tokens after a {PROMPT}-token prompt; prefill: "
              f"{PREFILL} tokens to the last row's logits; batches: {PROMPT}-token prompts, {NEW} new tokens "
-             "each, prefill included.  llama.cpp keeps its KV cache in F16, the others in float32.",
+             "each, prefill included.  llama.cpp keeps its KV cache in F16, the others in float32.  "
+             "Every engine runs a fixed team (CYFORMER_ADAPTIVE_THREADS=0).",
              ""]
     if missing:
         lines += [f"Not installed, left out: {', '.join(missing)}.", ""]
@@ -414,6 +417,7 @@ def main(argv=None):
         add_tokenizer(path, vocab)
         cs = contenders(path, args.only)
         results = {c[0]: {} for c in cs}
+        load0 = os.getloadavg()[0]
         print(f"{name}: {len(cs)} contenders x {reps} repeats", flush=True)
         for rep in range(reps):
             for c, engine, p, f in cs:
@@ -422,6 +426,12 @@ def main(argv=None):
                 for k, v in (r or {}).items():
                     results[c].setdefault(k, []).append(v)
         lines += report(name, results, METRICS)
+        lines += [f"1-minute load average of the machine ({os.cpu_count()} CPUs) when {name} began and ended: "
+                  f"{load0:.1f}, {os.getloadavg()[0]:.1f}.", ""]
+        write(lines, args)  # after each geometry, so a long run leaves what it has
+
+
+def write(lines, args):
     md = "\n".join(lines)
     print(md)
     if not args.quick:
