@@ -644,7 +644,7 @@ def read_tokenizer(f, vocab_size):
     from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models
 
     from .model_files import TokenizerConfig
-    from .tokenizer import NoTokenizer
+    from .tokenizer import NoTokenizer, Tokenizer
 
     kind = f.get("tokenizer.ggml.model", None, "str")
     if kind is None:
@@ -699,28 +699,9 @@ def read_tokenizer(f, vocab_size):
                              add_bos_token=f.get("tokenizer.ggml.add_bos_token", False, "bool"),
                              chat_templates={"default": template} if template else {},
                              template_source=f.path if template else None)
-    return GGUFTokenizer(tok, f.path, config)
-
-
-def _tokenizer_class():
-    from .tokenizer import Tokenizer
-
-    return Tokenizer
-
-
-class GGUFTokenizer(_tokenizer_class()):
-    """A cyformer Tokenizer built from a GGUF file's tokenizer.ggml.* keys."""
-
-    def __init__(self, tok, path, config):
-        self._tok = tok
-        self.path = path
-        self.config = config
-        self.bos_id = None
-        if config.add_bos_token:
-            bos = config.special_tokens.get("bos_token")
-            self.bos_id = None if bos is None else tok.token_to_id(bos)
-            if self.bos_id is None:
-                raise ModelLoadError(f"{path}: tokenizer.ggml.add_bos_token is set but there is no bos token")
+    if config.add_bos_token and (names.get("bos_token") is None):
+        raise ModelLoadError(f"{f.path}: tokenizer.ggml.add_bos_token is set but there is no bos token")
+    return Tokenizer(f.path, config, built=tok)
 
 
 def read_generation(f, cfg):

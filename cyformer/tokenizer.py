@@ -12,13 +12,15 @@ class Tokenizer:
 
     available = True
 
-    def __init__(self, path, config=None):
+    def __init__(self, path, config=None, built=None):
+        """path: tokenizer.json; built: a tokenizers.Tokenizer made elsewhere
+        (cyformer.gguf rebuilds one from a GGUF file, which ``path`` names)."""
         try:
             from tokenizers import Tokenizer as _HFTokenizer
         except ImportError:  # pragma: no cover
             raise ModelLoadError("the tokenizers package is required to read tokenizer.json") from None
         try:
-            self._tok = _HFTokenizer.from_file(os.fspath(path))
+            self._tok = built if built is not None else _HFTokenizer.from_file(os.fspath(path))
         except Exception as e:  # the Rust side raises a bare Exception
             raise ModelLoadError(f"{path}: not a readable tokenizer.json ({e})") from None
         self.path = os.fspath(path)

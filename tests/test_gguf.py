@@ -326,6 +326,8 @@ def test_tokenizer_encodes_as_tokenizer_json(tmp_path, pre):
         ids = st.encode(text)
         assert g.decode(ids) == st.decode(ids)
     assert g.tokenizer.special_tokens() == st.tokenizer.special_tokens()
+    for i in (0, 1, 250, 300, 4095):
+        assert g.tokenizer.token_bytes(i) == st.tokenizer.token_bytes(i)
 
 
 def test_chat_template_and_special_tokens_travel(tmp_path, llama_dir):
