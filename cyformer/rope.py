@@ -7,13 +7,16 @@ p * inv_freq[i].  A query at p and a key at p' then score by their vectors'
 directions and p - p' alone.  inv_freq[i] = theta^(-2i/D): the first pairs turn
 fast and tell neighbours apart, the last turn slowly and carry long ranges.
 
-The tables are computed once, in float32 the way transformers computes them
+The tables are computed in float32 the way transformers computes them
 (inv_freq in float32, angle = float32(p) * inv_freq rounded to float32, then
 cos and sin), so cyformer's rotations agree with transformers' to the last
-bit or two.
+bit or two.  A row depends only on its position, so the tables are built up
+to the positions used so far (``Tables``, doubling as caches grow), never for
+the whole configured context up front: a config may claim 16 M positions.
 """
 
 import math
+import threading
 
 import numpy as np
 
@@ -41,13 +44,57 @@ def inv_freq(cfg):
     return np.where(medium, blended, scaled).astype(np.float32)
 
 
-def tables(cfg):
-    """(cos, sin), each [P, D/2] float32 and read-only; position p's row turns
-    pair i by p * inv_freq[i]."""
-    angles = np.arange(cfg.n_positions, dtype=np.float32)[:, None] * inv_freq(cfg)[None, :]
+def rows(freq, start, stop):
+    """(cos, sin) of positions start .. stop-1, each [stop - start, D/2]
+    float32 and read-only, from inv_freq(cfg): row p turns pair i by p * freq[i]."""
+    angles = np.arange(start, stop, dtype=np.float32)[:, None] * freq[None, :]
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     cos.flags.writeable = sin.flags.writeable = False
     return cos, sin
+
+
+def tables(cfg):
+    """(cos, sin), each [P, D/2] float32 and read-only, for every position of
+    the context (tests and small models; backends use Tables)."""
+    return rows(inv_freq(cfg), 0, cfg.n_positions)
+
+
+class Tables:
+    """The tables of the first ``rows`` positions, grown on demand.
+
+    ``ensure(n)`` makes them cover positions 0 .. n-1 (at least doubling,
+    at most n_positions) and says whether they grew; ``cos`` and ``sin``
+    are then [rows, D/2].  Earlier tables are kept alive, because a kernel
+    in another thread may still be reading them through a raw pointer.
+    """
+
+    FIRST = 256  # rows built at load: a short prompt never grows them
+
+    def __init__(self, cfg):
+        self.freq = inv_freq(cfg)
+        self.limit = cfg.n_positions
+        self._lock = threading.Lock()
+        self._old = []
+        self.cos, self.sin = rows(self.freq, 0, min(self.FIRST, self.limit))
+
+    @property
+    def rows(self):
+        return len(self.cos)
+
+    def ensure(self, n):
+        if n <= self.rows:
+            return False
+        with self._lock:
+            if n <= self.rows:
+                return False
+            want = min(self.limit, max(n, 2 * self.rows))
+            cos, sin = rows(self.freq, 0, want)  # rebuilt whole: bitwise the rows a full table has
+            self._old.append((self.cos, self.sin))
+            self.cos, self.sin = cos, sin
+            return True
+
+    def __iter__(self):  # (cos, sin), as tables() returns them
+        return iter((self.cos, self.sin))
 
 
 def rotate(x, cos, sin):

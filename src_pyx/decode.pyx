@@ -206,14 +206,18 @@ cdef class DecodeStep:
 
     Built once per model: ``DecodeStep(cfg, weights, rope_cos, rope_sin)``
     with a cyformer Config and Weights (kernel layout, see cyformer.weights),
-    and for rotary models the cos/sin tables [P, D/2].  Every array is
-    checked here against the shapes cyformer.weights.layer_shapes(cfg) gives.
+    and for rotary models the cos/sin tables [R, D/2] of the first R <=
+    n_positions positions (``set_rope`` gives it longer ones; a position past
+    R is refused).  Every array is checked here against the shapes
+    cyformer.weights.layer_shapes(cfg) gives.
     """
 
     cdef Layer* layers
     cdef Net net
     cdef list keep  # the arrays behind the pointers
     cdef Py_ssize_t P
+    cdef Py_ssize_t rope_rows  # positions the rotary tables cover (P without rotary embeddings)
+    cdef tuple rope_keep
 
     def __cinit__(self):
         self.layers = NULL
@@ -260,8 +264,11 @@ cdef class DecodeStep:
             lm_b = ptr_of("lm_head_bias", lm_b, (cfg.vocab_size,))
         half = cfg.d_head // 2
         if cfg.position == "rotary":
-            cos = ptr_of("rope_cos", rope_cos, (cfg.n_positions, half))
-            sin = ptr_of("rope_sin", rope_sin, (cfg.n_positions, half))
+            rows = getattr(rope_cos, "shape", (cfg.n_positions,))[0]
+            if not 1 <= rows <= cfg.n_positions:
+                raise ValueError(f"{fn}: rope_cos has {rows} rows; expected 1 .. n_positions={cfg.n_positions}")
+            cos = ptr_of("rope_cos", rope_cos, (rows, half))
+            sin = ptr_of("rope_sin", rope_sin, (rows, half))
         else:
             cos = ptr_of("rope_cos", rope_cos, None)
             sin = ptr_of("rope_sin", rope_sin, None)
@@ -303,6 +310,8 @@ cdef class DecodeStep:
             ly.mlp_proj_b = cptr(p["mlp.c_proj.bias"])
         self.keep = keep
         self.P = cfg.n_positions
+        self.rope_rows = cos.shape[0] if cos is not None else self.P
+        self.rope_keep = (cos, sin)
         cdef Net* net = &self.net
         net.n_layer, net.C, net.H, net.G = cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_kv_head
         net.D, net.F, net.V = cfg.d_head, cfg.d_mlp, cfg.vocab_size
@@ -313,6 +322,25 @@ cdef class DecodeStep:
         net.rope_cos, net.rope_sin = cptr(cos), cptr(sin)
         net.lnf_g, net.lnf_b = cptr(lnf_g), cptr(lnf_b)
         net.lm_b = cptr(lm_b)
+
+    def set_rope(self, rope_cos, rope_sin):
+        """Use longer rotary tables [R, D/2] (R at least the current rows, at
+        most n_positions).  The caller keeps the earlier tables alive: a step
+        running in another thread may still read them."""
+        fn = "DecodeStep.set_rope"
+        if self.net.rope_cos == NULL:
+            raise ValueError(f"{fn}: this model has no rotary embeddings")
+        half = self.net.D // 2
+        f32(fn, "rope_cos", rope_cos, 2)
+        f32(fn, "rope_sin", rope_sin, 2)
+        rows = rope_cos.shape[0]
+        if not self.rope_rows <= rows <= self.P:
+            raise ValueError(f"{fn}: {rows} rows; expected {self.rope_rows} .. n_positions={self.P}")
+        _checks.shape(fn, "rope_cos", rope_cos, (rows, half))
+        _checks.shape(fn, "rope_sin", rope_sin, (rows, half))
+        self.rope_keep = (rope_cos, rope_sin)
+        self.net.rope_cos, self.net.rope_sin = cptr(rope_cos), cptr(rope_sin)
+        self.rope_rows = rows
 
     def __call__(self, token, k_cache, v_cache, past, threads=None):
         """token: the new id; k_cache [L, G, D, cap], v_cache [L, G, cap, D]
@@ -355,6 +383,9 @@ cdef class DecodeStep:
                 if not 0 <= past < min(cap, self.P):
                     raise ValueError(f"{fn}: past={past} is outside the cache ({cap} positions) "
                                      f"or the context ({self.P} positions)")
+                if past >= self.rope_rows:
+                    raise ValueError(f"{fn}: past={past} is beyond the rotary tables' {self.rope_rows} "
+                                     "positions (set_rope gives longer ones)")
                 seqs[r].token, seqs[r].past, seqs[r].cap = token, past, cap
                 seqs[r].k, seqs[r].v = wptr(k_cache), wptr(v_cache)
                 maxcap = max(maxcap, cap)

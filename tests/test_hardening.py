@@ -349,3 +349,34 @@ def test_cache_slices_are_checked(model, bad, error):
     with pytest.raises(error, match="slice"):
         cache.accumulated_resid(pos_slice=bad)
     assert cache.accumulated_resid(pos_slice=[0, -1]).shape[-2] == 2
+
+
+# -- rotary tables are built up to what is used ------------------------------------------------
+
+def test_rotary_tables_grow_with_use_not_with_the_configured_context(tmp_path):
+    """Root: [n_positions, D/2] cos and sin tables were built at load (3 GB for
+    a config claiming 16 M positions); now only the positions caches reach."""
+    import resource
+
+    from helpers import edit_config, make_hf_llama
+
+    make_hf_llama(str(tmp_path), vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, intermediate_size=48, max_position_embeddings=600)
+    want = {}
+    for backend in ("cython", "numpy"):
+        m = cyformer.load(tmp_path, backend=backend, threads=1)
+        ids = list(np.random.default_rng(0).integers(0, 64, 300))  # past the first 256 rows
+        want[backend] = (m.forward(ids), m.generate(ids, max_new_tokens=20, temperature=0))
+    np.testing.assert_allclose(want["cython"][0], want["numpy"][0], rtol=1e-4, atol=1e-4)
+    assert list(want["cython"][1]) == list(want["numpy"][1])
+    m = cyformer.load(tmp_path, threads=1)
+    assert m.backend.rope.rows == 256
+    m.generate([1, 2, 3], max_new_tokens=300, temperature=0)
+    assert 303 <= m.backend.rope.rows <= 600
+    # the same model claiming 16 M positions loads and runs without the 3 GB
+    edit_config(str(tmp_path), max_position_embeddings=2 ** 24)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    huge = cyformer.load(tmp_path, threads=1)
+    assert list(huge.generate(ids, max_new_tokens=20, temperature=0)) == list(want["cython"][1])
+    assert huge.backend.rope.rows == 512
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KB: far below 3 GB

@@ -56,7 +56,7 @@ class Attention:
     def __init__(self, w: BlockWeights, cfg: Config, rope_tables):
         self.c_attn, self.c_proj = w.c_attn, w.attn_c_proj
         self.n_head, self.n_kv_head, self.d_head = cfg.n_head, cfg.n_kv_head, cfg.d_head
-        self.rope = rope_tables  # (cos, sin) [P, D/2], or None
+        self.rope = rope_tables  # rope.Tables (cos, sin [rows, D/2], grown by the backend), or None
 
     def qkv(self, x, threads, ws=None):
         """x [T, C] -> [T, (H + 2G) D]: q | k | v, heads contiguous within each."""
@@ -208,12 +208,12 @@ class CythonBackend:
         self.config = cfg
         self.weights = weights
         self.threads = threads
-        self.rope = rope.tables(cfg) if cfg.position == "rotary" else None
+        self.rope = rope.Tables(cfg) if cfg.position == "rotary" else None  # grown as caches grow
         self.blocks = [Block(i, w, cfg, self.rope) for i, w in enumerate(weights.blocks)]
         self.ln_f = Norm(weights.ln_f, cfg)
         self._local = PerThread()
         # Generation's one-token steps: every layer in one kernel call.
-        self.step = decode.DecodeStep(cfg, weights, *(self.rope or (None, None)))
+        self.step = decode.DecodeStep(cfg, weights, *(self.rope if self.rope is not None else (None, None)))
 
     def workspace(self):
         """The calling thread's Workspace."""
@@ -224,9 +224,16 @@ class CythonBackend:
         that drops the cache when ``run`` returns (a plain forward); its
         memory then comes from this thread's Workspace and is the same on
         every such call."""
+        self.positions(capacity)
         if reuse:
             return KVCache(self.config, capacity, alloc=self.workspace().array)
         return KVCache(self.config, capacity)
+
+    def positions(self, n):
+        """Make the rotary tables cover positions 0 .. n-1 (built on demand,
+        not for the whole configured context)."""
+        if self.rope is not None and self.rope.ensure(min(n, self.config.n_positions)):
+            self.step.set_rope(self.rope.cos, self.rope.sin)
 
     def step_batch(self, tokens, caches):
         """One decode step for B sequences: tokens [B] (one new id each),
@@ -235,6 +242,7 @@ class CythonBackend:
         the fused step's batched form (DecodeStep.batch) reads each weight
         block once for all B rows."""
         caches = list(caches)
+        self.positions(max((kv.length for kv in caches), default=0) + 1)
         logits = self.step.batch(tokens, [kv.k for kv in caches], [kv.v for kv in caches],
                                  [kv.length for kv in caches], self.threads)
         for kv in caches:
@@ -284,6 +292,7 @@ class CythonBackend:
         positions; returns logits [T, V] (or [1, V] with last_only).
 
         hooks: a cyformer.hooks.HookPoints to run the hooked path."""
+        self.positions(kv.length + len(ids))
         if hooks is not None:
             from .hooked import run_hooked
             return run_hooked(self, ids, kv, last_only, hooks)

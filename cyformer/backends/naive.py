@@ -165,12 +165,12 @@ class Rotary:
     from cyformer.rope, the tables every backend uses."""
 
     def __init__(self, cfg):
-        cos, sin = rope.tables(cfg)
-        self.cos, self.sin = cos.tolist(), sin.tolist()
+        self.freq = rope.inv_freq(cfg)
 
     def apply(self, vec, position):
         half = len(vec) // 2
-        c, s = self.cos[position], self.sin[position]
+        cos, sin = rope.rows(self.freq, position, position + 1)  # the table's row, made when needed
+        c, s = cos[0].tolist(), sin[0].tolist()
         a, b = vec[:half], vec[half:]
         return ([x * ci - y * si for x, y, ci, si in zip(a, b, c, s)]
                 + [y * ci + x * si for x, y, ci, si in zip(a, b, c, s)])

@@ -148,7 +148,7 @@ class Attention:
         k = np.einsum("s d, g d h -> g s h", x, self.W_K) + self.b_K    # [G, T, D]
         v = np.einsum("s d, g d h -> g s h", x, self.W_V) + self.b_V    # [G, T, D]
         if self.rope is not None:  # 2. turn queries and keys by their positions
-            cos, sin = (t[past:S] for t in self.rope)                    # [T, D/2]
+            cos, sin = rope.rows(self.rope, past, S)                     # [T, D/2]
             q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
         k_cache[:, past:S] = k                                          # [G, S, D] filled
         v_cache[:, past:S] = v
@@ -211,7 +211,7 @@ class NumpyBackend:
         self.config = cfg
         self.weights = weights = dequantized(weights)  # smaller formats are widened: a reference
         self.threads = threads  # unused: NumPy's BLAS threads itself
-        tables = rope.tables(cfg) if cfg.position == "rotary" else None
+        tables = rope.inv_freq(cfg) if cfg.position == "rotary" else None  # rows made per call
         self.blocks = [Block(w, cfg, tables) for w in weights.blocks]
 
     def new_cache(self, capacity, reuse=False):
