@@ -386,11 +386,15 @@ def main(argv=None):
     ap.add_argument("--only", choices=("gguf",), default=None,
                     help="gguf: only the same GGUF files in cyformer and llama.cpp")
     ap.add_argument("--geometry", action="append", choices=list(GEOMETRIES), default=None)
+    ap.add_argument("--from-log", metavar="LOG", default=None,
+                    help="render the tables from the progress lines of a run's output (one cut short)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
     if args.worker:
         return worker(json.loads(args.worker))
+    if args.from_log:
+        return print("\n".join(from_log(args.from_log)))
     reps = args.reps or (1 if args.quick else 3)
     geoms = ({"tiny": lambda: make_checkpoint(os.path.join(CACHE, "tiny-random"), **TINY)} if args.quick
              else {g: GEOMETRIES[g] for g in (args.geometry or GEOMETRIES)})
@@ -429,6 +433,30 @@ def main(argv=None):
         lines += [f"1-minute load average of the machine ({os.cpu_count()} CPUs) when {name} began and ended: "
                   f"{load0:.1f}, {os.getloadavg()[0]:.1f}.", ""]
         write(lines, args)  # after each geometry, so a long run leaves what it has
+
+
+def from_log(path):
+    """The tables of a run from its progress lines ("  [r/R] name: {...}"
+    under "<geometry>: N contenders x R repeats"), however far it got."""
+    import ast
+
+    lines, name, results = [], None, {}
+    for line in open(path):
+        m = re.match(r"^(.+): \d+ contenders x (\d+) repeats$", line.rstrip())
+        if m:
+            if name:
+                lines += report(name, results, METRICS)
+            name, results = m.group(1), {}
+            continue
+        m = re.match(r"^  \[(\d+)/\d+\] (.+?): (\{.*\}|None)$", line.rstrip())
+        if m and name:
+            r = ast.literal_eval(m.group(3))
+            res = results.setdefault(m.group(2), {})
+            for k, v in (r or {}).items():
+                res.setdefault(k, []).append(v)
+    if name:
+        lines += report(name, results, METRICS)
+    return lines
 
 
 def write(lines, args):
