@@ -513,66 +513,66 @@ def _shapes(cfg):
 
 
 def load_weights(f, cfg, dtype=None):
-    """The file's tensors as cyformer Weights (see the module docstring)."""
-    from .formats import Packed, quantize
-    from .weights import TRANSPOSED, Weights, is_matrix
+    """The file's tensors as cyformer Weights (see the module docstring).
 
-    names = tensor_names(cfg)
-    params, mapped = {}, set()
-    for p, (fmt, parts) in plan(f, cfg, dtype).items():
-        spec = names[p]
-        types = {t for _, t in parts}
-        transposed = p in TRANSPOSED
-        in_place = transposed or not is_matrix(p)  # GGUF's layout is the kernel's: no transpose
-        if len(spec) == 1 and fmt == "float32" and types == {"F32"} and in_place:
-            params[p] = np.asarray(f.tensors[spec[0][0]].data).reshape(spec[0][1])  # mapped, read-only
-            mapped.add(p)
-        elif fmt == "int4" and types == {"Q4_0"}:
-            params[p] = _q4_0_int4(f, spec, transposed)
+    Where GGUF's layout is the kernel's (an F32 embedding, F32 norms) the
+    arrays are views of the file's mapping; everything else is written into
+    one arena sized for the result (weights._slots: huge pages where the OS
+    offers them, as a checkpoint's weights are), one parameter at a time,
+    dropping each source tensor's file pages once it is converted."""
+    from .formats import Packed, convert, packed_layout
+    from .weights import TRANSPOSED, Weights, _slots, is_matrix
+
+    names, shapes, planned = tensor_names(cfg), _shapes(cfg), plan(f, cfg, dtype)
+    mapped = {p for p, (fmt, parts) in planned.items()
+              if fmt == "float32" and len(parts) == 1 and parts[0][1] == "F32"
+              and (p in TRANSPOSED or not is_matrix(p))}  # GGUF's layout is the kernel's: no transpose
+    layout = {}
+    for p, (fmt, _) in planned.items():
+        if p in mapped:
+            continue
+        if fmt == "float32":
+            layout[p] = [(shapes[p], np.float32)]
+        else:
+            data, data_dtype, scale = packed_layout(fmt, shapes[p], p in TRANSPOSED)
+            layout[p] = [(data, data_dtype)] + ([] if scale is None else [(scale, np.float32)])
+    arena = iter(_slots([spec for p in layout for spec in layout[p]]))
+    slots = {p: [next(arena) for _ in specs] for p, specs in layout.items()}
+
+    params = {}
+    for p, (fmt, parts) in planned.items():
+        spec, types, transposed = names[p], {t for _, t in parts}, p in TRANSPOSED
+        if p in mapped:
+            params[p] = np.asarray(f.tensors[spec[0][0]].data).reshape(spec[0][1])  # read-only
+            continue
+        out = slots[p]
+        if fmt == "int4" and types == {"Q4_0"}:
+            data, scale = _q4_0_int4(f, spec, transposed)
+            out[0][...], out[1][...] = data, scale
         elif fmt == "bfloat16" and types == {"BF16"}:
             raw = np.concatenate([_unpermute(_rows(f, n).view(np.uint16).reshape(s), h) for n, s, h in spec])
-            shape = raw.shape
-            data = np.ascontiguousarray(raw if transposed else raw.T)
-            data.flags.writeable = False
-            params[p] = Packed("bfloat16", data, None, shape if transposed else shape[::-1], transposed)
+            out[0][...] = raw if transposed else raw.T
         else:
             w = np.concatenate([_unpermute(_float(f, n).reshape(s), h) for n, s, h in spec])
-            if not in_place:
-                w = w.T
-            w = np.ascontiguousarray(w, dtype=np.float32)
-            params[p] = quantize(w, fmt, transposed) if is_matrix(p) else w
-    return Weights.from_params(cfg, _in_arena(params, mapped))
-
-
-def _in_arena(params, mapped):
-    """The repacked parameters moved into one read-only arena (weights._slots:
-    2 MB aligned, huge pages where the OS offers them, as a checkpoint's
-    weights are); those in ``mapped`` stay views of the file."""
-    from .formats import Packed
-    from .weights import _slots
-
-    arrays = [(p, k, getattr(v, k) if isinstance(v, Packed) else v) for p, v in params.items() if p not in mapped
-              for k in (("data", "scale") if isinstance(v, Packed) else ("array",))]
-    arrays = [(p, k, a) for p, k, a in arrays if a is not None]
-    slots = _slots([(a.shape, a.dtype) for _, _, a in arrays])
-    moved = {}
-    for (p, k, a), slot in zip(arrays, slots):
-        slot[...] = a
-        slot.flags.writeable = False
-        moved.setdefault(p, {})[k] = slot
-    out = dict(params)
-    for p, parts in moved.items():
-        v = params[p]
-        out[p] = (Packed(v.fmt, parts["data"], parts.get("scale"), v.shape, v.transposed)
-                  if isinstance(v, Packed) else parts["array"])
-    return out
+            w = np.ascontiguousarray(w if transposed or not is_matrix(p) else w.T)
+            if fmt == "float32":
+                out[0][...] = w
+            else:
+                convert(lambda first, end: w[first:end], fmt, shapes[p], transposed,
+                        out=Packed(fmt, out[0], out[1] if len(out) > 1 else None, tuple(shapes[p]), transposed))
+            del w
+        for a in out:
+            a.flags.writeable = False
+        params[p] = out[0] if fmt == "float32" else Packed(fmt, out[0], out[1] if len(out) > 1 else None,
+                                                           tuple(shapes[p]), transposed)
+        _release(f, [n for n, _, _ in spec])
+    return Weights.from_params(cfg, params)
 
 
 def _q4_0_int4(f, spec, transposed):
-    """Q4_0 tensors -> an int4 Packed, without loss: the same codes and scales
-    (fp16 widened), regrouped into cyformer's pairs (code 2m low, 2m + 1 high)."""
-    from .formats import Packed
-
+    """Q4_0 tensors -> int4 (data, scale) without loss: the same codes and
+    scales (fp16 widened), regrouped into cyformer's pairs (code 2m low,
+    2m + 1 high) and orientation."""
     nibs, scales = [], []
     for n, s, h in spec:
         nib, d = _q4_0_nibbles(_rows(f, n))
@@ -581,15 +581,29 @@ def _q4_0_int4(f, spec, transposed):
     nib, d = np.concatenate(nibs), np.concatenate(scales).astype(np.float32)  # [N, K], [N, K/32]
     if not np.isfinite(d).all():
         raise ModelLoadError(f"{f.path}: tensor {spec[0][0]!r} has NaN or Inf block scales")
-    N, K = nib.shape
     if transposed:
-        data, scale, shape = nib[:, 0::2] | (nib[:, 1::2] << 4), d, (N, K)
-    else:
-        nt = nib.T
-        data, scale, shape = nt[0::2] | (nt[1::2] << 4), d.T, (K, N)
-    data, scale = np.ascontiguousarray(data), np.ascontiguousarray(scale)
-    data.flags.writeable = scale.flags.writeable = False
-    return Packed("int4", data, scale, shape, transposed)
+        return nib[:, 0::2] | (nib[:, 1::2] << 4), d
+    nt = nib.T
+    return nt[0::2] | (nt[1::2] << 4), d.T
+
+
+def _release(f, names):
+    """Drop the file pages of tensors already repacked from this process's
+    memory (madvise DONTNEED on the read-only mapping: a later read would
+    fault them in again from the file), so that loading peaks at about the
+    converted model plus one tensor, not plus the whole file."""
+    mm = getattr(f.reader.data, "_mmap", None)
+    if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    for n in names:
+        t = f.tensors.get(n)
+        if t is None or not t.n_bytes:
+            continue
+        first = t.data_offset // mmap.PAGESIZE * mmap.PAGESIZE
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, first, t.data_offset + t.n_bytes - first)
+        except (OSError, ValueError):  # an OS without it: the pages stay until unmapped
+            return
 
 
 def tensor_table(f, cfg, dtype=None):
