@@ -227,10 +227,12 @@ def cmd_serve(args):
           f"{', API key required' if api_key else ''})", file=sys.stderr)
     import signal
 
-    # uvicorn stops gracefully on SIGTERM, then raises the signal again under
-    # the handler that was there before it; a handler that ignores it lets
-    # the process exit 0 after a clean stop.
+    # uvicorn stops gracefully on SIGTERM and on SIGINT (Ctrl-C), then raises
+    # the signal again under the handler that was there before it; handlers
+    # that ignore them let the process say "stopped" and exit 0 after a
+    # clean stop, as --help says.
     signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
     serve.uvicorn_server(app, args.host, args.port, grace=args.grace).run()
     print("[cyformer] stopped", file=sys.stderr)
     return 0

@@ -140,10 +140,17 @@ class Sampler:
         """float64 [V] log-probabilities of the scores sampled from: log_softmax
         of the logits after logit_bias, the penalties and the temperature (1
         when greedy), before top-k, top-p and min-p."""
-        x = self.penalised(logits, context_ids, output_ids)
+        x, base, seen = self._penalised(logits, context_ids, output_ids)
         if self.params.temperature > 0:
             with np.errstate(over="ignore"):
                 x = x / self.params.temperature
+        if not np.isfinite(x).all():
+            # overflowed scores (a subnormal temperature or penalty): the
+            # distribution is the point mass __call__ samples from, not the
+            # NaN that inf - inf gives in log_softmax
+            out = np.full(x.shape, -np.inf)
+            out[_argmax(x, base, seen, self.params.repetition_penalty)] = 0.0
+            return out
         return log_softmax(x)
 
     def __call__(self, logits, context_ids, output_ids=()):

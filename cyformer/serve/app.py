@@ -33,6 +33,34 @@ ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize
 
 router = APIRouter()
 
+MAX_BODY_BYTES = 8 * 2**20  # a request body above this is a 413, refused before it is read whole
+
+
+def finite(value):
+    """A JSON value with every float finite: OpenAI's -9999.0 floor for a
+    log-probability of -inf (and the same magnitude for +inf), null for NaN."""
+    if isinstance(value, float):
+        if value != value:
+            return None
+        return value if abs(value) != float("inf") else (-9999.0 if value < 0 else 9999.0)
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(payload):
+    """JSON text of an answer: finite numbers only, and any text (a lone
+    surrogate from the request echoed in a message) encodable as UTF-8."""
+    return json.dumps(finite(payload), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8", "backslashreplace").decode("utf-8")
+
+
+class SafeJSONResponse(JSONResponse):
+    def render(self, content):
+        return dumps(content).encode("utf-8")
+
 
 def serving(request: Request) -> OpenAIServing:
     return request.app.state.cyformer
@@ -62,21 +90,24 @@ async def one_model(model_id: str, request: Request):
     return serving(request).model_card()
 
 
+# Planning tokenizes prompts and renders chat templates: off the event loop,
+# so that a large request never stops /health or the other streams.
+
 @router.post("/v1/completions")
 async def completions(body: P.CompletionRequest, request: Request):
     s = serving(request)
-    return await answer(request, s, s.completion_plan(body), chat=False)
+    return await answer(request, s, await asyncio.to_thread(s.completion_plan, body), chat=False)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: P.ChatCompletionRequest, request: Request):
     s = serving(request)
-    return await answer(request, s, s.chat_plan(body), chat=True)
+    return await answer(request, s, await asyncio.to_thread(s.chat_plan, body), chat=True)
 
 
 @router.post("/tokenize")
 async def tokenize(body: P.TokenizeRequest, request: Request):
-    return serving(request).tokenize(body)
+    return await asyncio.to_thread(serving(request).tokenize, body)
 
 
 @router.post("/detokenize")
@@ -143,7 +174,7 @@ async def sse(s: OpenAIServing, plan, events, streams, rid, created, chat):
     before = [b"".join(s.tokenizer.token_bytes(t) for t in st.generation.prompt_ids) for st in streams]
 
     def data(payload):
-        return "data: " + json.dumps(payload) + "\n\n"
+        return "data: " + dumps(payload) + "\n\n"
 
     def chunk(i, text=None, finish=None, role=False, lps=None):
         if chat:
@@ -211,7 +242,7 @@ async def sse(s: OpenAIServing, plan, events, streams, rid, created, chat):
 # -- errors -------------------------------------------------------------------------
 
 def error_response(e: APIError):
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    return SafeJSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 def validation_error(errors):
@@ -254,13 +285,13 @@ def install_error_handlers(app):
         kind = "not_found" if e.status_code == 404 else "invalid_request_error"
         msg = (f"unknown route {request.method} {request.url.path}" if e.status_code == 404 else
                f"{request.method} is not allowed on {request.url.path}" if e.status_code == 405 else str(e.detail))
-        return JSONResponse({"error": {"message": msg, "type": kind, "param": None, "code": None}},
-                            status_code=e.status_code, headers=getattr(e, "headers", None))
+        return SafeJSONResponse({"error": {"message": msg, "type": kind, "param": None, "code": None}},
+                                status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def internal_error(request, e):
-        return JSONResponse({"error": {"message": f"internal error: {type(e).__name__}: {e}",
-                                       "type": "server_error", "param": None, "code": None}}, status_code=500)
+        return SafeJSONResponse({"error": {"message": f"internal error: {type(e).__name__}: {e}",
+                                           "type": "server_error", "param": None, "code": None}}, status_code=500)
 
 
 # -- metrics --------------------------------------------------------------------------
@@ -303,14 +334,33 @@ class Gate:
     the API key on /v1/ routes.  (Plain ASGI, so that streaming responses
     still see the client's disconnect.)"""
 
-    def __init__(self, app, counter, api_key):
+    def __init__(self, app, counter, api_key, max_body_bytes=MAX_BODY_BYTES):
         self.app, self.counter, self.api_key = app, counter, api_key
+        self.max_body = max_body_bytes
+
+    def too_large(self):
+        return error_response(APIError(413, f"the request body is larger than {self.max_body} bytes",
+                                       code="request_too_large"))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
         endpoint = path if path in ENDPOINTS else "other"
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_body:
+            self.counter.labels(endpoint, "413").inc()
+            return await self.too_large()(scope, receive, send)
+        # a chunked body has no length up front: count it as it arrives
+        received, started = [0], [False]
+
+        async def receive_counted():
+            message = await receive()
+            if message["type"] == "http.request":
+                received[0] += len(message.get("body", b""))
+                if received[0] > self.max_body:
+                    raise _TooLarge()
+            return message
         if self.api_key is not None and path.startswith("/v1/"):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, f"Bearer {self.api_key}".encode()):
@@ -323,23 +373,36 @@ class Gate:
         async def send_counted(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                started[0] = True
             await send(message)
 
         try:
-            await self.app(scope, receive, send_counted)
+            await self.app(scope, receive_counted, send_counted)
+        except _TooLarge:
+            if started[0]:
+                raise
+            status[0] = 413
+            await self.too_large()(scope, receive, send)
         finally:
             self.counter.labels(endpoint, str(status[0])).inc()
+
+
+class _TooLarge(BaseException):
+    """A chunked request body went past the limit while it was read (a
+    BaseException, so that the body parser's ``except Exception`` does not
+    turn it into a 400 about malformed JSON)."""
 
 
 # -- the app ----------------------------------------------------------------------------
 
 def create_app(model, engine=None, *, model_name=None, api_key=None, grace=30.0, max_prompts=MAX_PROMPTS,
-               logprobs_mode="raw", **engine_args):
+               logprobs_mode="raw", max_body_bytes=MAX_BODY_BYTES, **engine_args):
     """The FastAPI app serving ``model`` through ``engine`` (a new Engine
     with engine_args when None; on shutdown the app gives the engine it made
     ``grace`` s to finish, then cancels what is left).  max_prompts: prompts
     per completions request; logprobs_mode: "raw" (the model's) or
-    "processed" (of the scores sampled from)."""
+    "processed" (of the scores sampled from); max_body_bytes: the largest
+    request body (larger ones get a 413 before they are read)."""
     if not model.tokenizer.available:
         raise CyformerError(f"{model.path}: serving needs the checkpoint's tokenizer.json")
     owns = engine is None
@@ -353,7 +416,8 @@ def create_app(model, engine=None, *, model_name=None, api_key=None, grace=30.0,
         if owns:  # finish what is running, then cancel what is left
             await asyncio.to_thread(_drain, engine, grace)
 
-    app = FastAPI(title="cyformer", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(title="cyformer", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None,
+                  default_response_class=SafeJSONResponse)
     app.state.cyformer = OpenAIServing(model, engine, name, max_prompts=max_prompts, logprobs_mode=logprobs_mode)
     app.state.stopping = False
     registry = app.state.registry = CollectorRegistry()
@@ -362,7 +426,7 @@ def create_app(model, engine=None, *, model_name=None, api_key=None, grace=30.0,
                       registry=registry)
     install_error_handlers(app)
     app.include_router(router)
-    app.add_middleware(Gate, counter=counter, api_key=api_key)
+    app.add_middleware(Gate, counter=counter, api_key=api_key, max_body_bytes=max_body_bytes)
     return app
 
 

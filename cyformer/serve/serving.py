@@ -84,7 +84,8 @@ class OpenAIServing:
         if name is None and not required:
             return
         if name != self.model_name:
-            raise APIError(404, f"the model '{name}' does not exist; this server has '{self.model_name}'",
+            shown = name if len(name) <= 100 else name[:100] + "..."
+            raise APIError(404, f"the model '{shown}' does not exist; this server has '{self.model_name}'",
                            param="model", code="model_not_found")
 
     def model_card(self):
@@ -99,6 +100,8 @@ class OpenAIServing:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if any(not s for s in stop):
             raise bad("stop", "'stop' strings must not be empty")
+        if any(not _utf8(s) for s in stop):
+            raise bad("stop", "'stop' strings must be valid Unicode (a lone surrogate is not)")
         if sum(len(s) for s in stop) > P.MAX_STOP_CHARS:
             raise bad("stop", f"the stop strings hold more than {P.MAX_STOP_CHARS} characters together")
         ids = list(req.stop_token_ids or [])
@@ -153,6 +156,8 @@ class OpenAIServing:
 
     def chat_plan(self, req: P.ChatCompletionRequest):
         self.check_model(req.model)
+        if req.tool_choice is not None and req.tool_choice != "none" and not req.tools:
+            raise bad("tool_choice", "'tool_choice' is only allowed when 'tools' are given")
         for name, neutral in (("response_format", ({"type": "text"},)), ("tools", ([],)),
                               ("tool_choice", ("none",))):
             v = getattr(req, name)
@@ -174,7 +179,7 @@ class OpenAIServing:
         try:
             return build()
         except (TokenizerError, ChatTemplateError) as e:
-            raise bad(param, str(e)) from None
+            raise bad(param, self._public(str(e))) from None
         except ValueError as e:
             raise bad(_param_of(str(e), param), str(e)) from None
 
@@ -208,10 +213,16 @@ class OpenAIServing:
         except ValueError as e:
             raise bad("messages", str(e)) from None
 
+    def _public(self, message):
+        """An error message without the server's file system: the model's
+        directory is shown as the model's name."""
+        path = self.model.path
+        return message.replace(path, self.model_name) if path else message
+
     def submit(self, gens, sinks):
-        if len(gens) > self.engine.max_queue:
-            raise bad(None, f"this request needs {len(gens)} generations; the queue holds "
-                            f"{self.engine.max_queue} (--max-queue)")
+        if len(gens) > self.engine.max_queue:  # never admittable: a client fault, not a busy server
+            raise bad("n", f"this request needs {len(gens)} generations (prompts x n, or best_of); the queue "
+                           f"holds {self.engine.max_queue} (--max-queue), so it can never be admitted")
         try:
             return self.engine.submit(gens, sinks)
         except EngineBusy as e:
@@ -335,7 +346,7 @@ class OpenAIServing:
                 text = ChatTemplate.of(self.model).render(self._messages(req.messages), req.add_generation_prompt,
                                                           req.chat_template_kwargs)
             except ChatTemplateError as e:
-                raise bad("messages", str(e)) from None
+                raise bad("messages", self._public(str(e))) from None
             ids = self.tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
         out = {"count": len(ids), "max_model_len": self.model.config.n_positions, "tokens": ids}
         if req.return_token_strs:
@@ -359,6 +370,14 @@ class OpenAIServing:
         return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
                 "bos_token": sp.get("bos_token"), "pad_token": sp.get("pad_token"),
                 "chat_template": tc.chat_template, "model_max_length": self.model.config.n_positions}
+
+
+def _utf8(text):
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _top_dict(serving, pairs):
