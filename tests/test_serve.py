@@ -423,3 +423,14 @@ def test_tokenize_and_detokenize(server, model):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     info = httpx.get(server.url + "/tokenizer_info").json()
     assert info["eos_token"] == "<|endoftext|>" and info["chat_template"] == TEMPLATE
+
+
+def test_streamed_echo_and_logprobs_equal_the_whole_answer(client):
+    kw = dict(model=NAME, prompt="s = 'Köln 日本'\n", max_tokens=6, echo=True, logprobs=2, temperature=0)
+    whole = client.completions.create(**kw).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
+    assert "".join(c.text for c in chunks) == whole.text
+    lps = [c.logprobs for c in chunks if c.logprobs is not None]
+    assert sum((lp.tokens for lp in lps), []) == whole.logprobs.tokens
+    assert sum((lp.token_logprobs for lp in lps), []) == pytest.approx(whole.logprobs.token_logprobs, abs=1e-12)
+    assert sum((lp.text_offset for lp in lps), []) == whole.logprobs.text_offset
