@@ -434,3 +434,18 @@ def test_streamed_echo_and_logprobs_equal_the_whole_answer(client):
     assert sum((lp.tokens for lp in lps), []) == whole.logprobs.tokens
     assert sum((lp.token_logprobs for lp in lps), []) == pytest.approx(whole.logprobs.token_logprobs, abs=1e-12)
     assert sum((lp.text_offset for lp in lps), []) == whole.logprobs.text_offset
+
+
+def test_processed_logprobs_mode(model):
+    with ServerThread(create_app(model, model_name=NAME, logprobs_mode="processed", max_batch=2)) as srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        r = c.completions.create(model=NAME, prompt="def f(x):", max_tokens=5, temperature=0.5, seed=2, logprobs=1,
+                                 frequency_penalty=1.0)
+    ref = model.generate("def f(x):", max_new_tokens=5, temperature=0.5, seed=2, logprobs=True,
+                         frequency_penalty=1.0, logprobs_mode="processed")
+    raw = model.generate("def f(x):", max_new_tokens=5, temperature=0.5, seed=2, logprobs=True,
+                         frequency_penalty=1.0)
+    assert r.choices[0].text == ref == raw
+    got = r.choices[0].logprobs.token_logprobs
+    assert got == pytest.approx([t.logprob for t in ref.logprobs], abs=1e-9)
+    assert got != pytest.approx([t.logprob for t in raw.logprobs], abs=1e-3)
