@@ -415,6 +415,8 @@ def cmd_info(args):
     print(f"build       cyformer {b['version']}, kernels {b['isa']} {' '.join(b['isa_flags'])} "
           f"(built: {', '.join(b['isa_levels_built'])}), OpenMP {'on' if b['openmp'] else 'OFF'}, "
           f"threads {model.threads}, Cython {b['cython']}, flags {' '.join(b['compile_flags'])}")
+    print("cpu         x86-64 level " + str(b["cpu_x86_level"]) + "; "
+          + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in b["cpu_features"].items()))
     print("formats     " + "; ".join(f"{name} {f['bytes_per_weight']:g} B/weight: {f['kernels']}"
                                      for name, f in b["formats"].items()))
     return 0

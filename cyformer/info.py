@@ -13,6 +13,8 @@ def build_info():
     build; threads: the default thread count (OMP_NUM_THREADS, else the cores
     in this process's affinity mask); adaptive_threads: whether calls use
     fewer while other processes keep cores busy (cyformer._cores);
+    cpu_features: the CPU features kernels are chosen by beyond the level
+    (AVX512-VNNI, AVX512-BF16, AVX-VNNI, AMX and whether the OS grants AMX);
     formats: per weight format (cyformer.formats), its bytes per weight and
     the kernels that compute with it here.
     """
@@ -25,6 +27,7 @@ def build_info():
         "isa_flags": list(b.get("levels", {}).get(kernels.LEVEL, [])),
         "isa_levels_built": list(b.get("levels", {})),
         "cpu_x86_level": _runtime.x86_level(),
+        "cpu_features": _runtime.cpu_features(),
         "cython": b.get("cython"),
         "compiler": b.get("compiler"),
         "debug": bool(b.get("debug")),

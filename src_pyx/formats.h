@@ -138,22 +138,6 @@ static void cyf_i8_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t 
 }
 
 /* ---- int4: a scale per output and group of CYF_GROUP inputs ------------- */
-static void cyf_i4_gemv_block(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
-                              ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
-{   /* group by group (k0 starts a group), each group's sums scaled into partial */
-    for (ptrdiff_t g = 0; g * CYF_GROUP < kb; g++) {
-        const ptrdiff_t kg = kb - g * CYF_GROUP < CYF_GROUP ? kb - g * CYF_GROUP : CYF_GROUP;
-        cyf_gemv_rows_fmt(x + k0 + g * CYF_GROUP, W->data, CYF_I4, W->ld, k0 + g * CYF_GROUP, c0, kg, cw, tmp);
-        const float *s = W->scale + ((k0 + g * CYF_GROUP) / CYF_GROUP) * N + c0;
-        if (g == 0)
-            for (ptrdiff_t j = 0; j < cw; j++)
-                partial[j] = s[j] * tmp[j];
-        else
-            for (ptrdiff_t j = 0; j < cw; j++)
-                partial[j] = partial[j] + s[j] * tmp[j];
-    }
-}
-
 static void cyf_i4_dot_t(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
 {
     const ptrdiff_t ng = (K + CYF_GROUP - 1) / CYF_GROUP;
@@ -174,13 +158,298 @@ static void cyf_i4_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t 
         dst[k * ldd] = cyf_elem_t(W->data, CYF_I4, W->ld, n, k0 + k) * W->scale[n * ng + (k0 + k) / CYF_GROUP];
 }
 
+/* ---- int8 weights times int8 activations ---------------------------------
+ * x is quantized a block of CYF_QB inputs at a time (llama.cpp's Q8_0
+ * activations): d = max|x| / 127 and q = rint(x / d) in float32, so every
+ * product q * w is exact in int32 and d (times the weights' per-output scale)
+ * multiplies each block's sum once.  backends/numpy_ref.py's q8_* functions
+ * are the reference, bit for bit.  Blocks start at multiples of CYF_QB of
+ * the whole input (decode's row blocks start there), so a block's codes
+ * never depend on how the rows were split. */
+#define CYF_QB 32
+
+/* q[0:CYF_QB] and the returned d of x[0:n], n <= CYF_QB (q zero past n).
+ * A block with a NaN or infinity gets d = NaN and q = 0, so its outputs are NaN. */
+static inline float cyf_q8_block(const float *x, ptrdiff_t n, signed char *q)
+{
+    float amax = 0.0f;
+    int finite = 1;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        const float a = __builtin_fabsf(x[i]);
+        finite &= a <= 3.40282347e38f;
+        amax = a > amax ? a : amax;
+    }
+    memset(q, 0, CYF_QB);
+    if (!finite)
+        return __builtin_nanf("");
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        float v = __builtin_rintf(x[i] * id);
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        q[i] = (signed char)v;
+    }
+    return d;
+}
+
+/* x[0:K] -> codes q[nblk * CYF_QB], scales d[nblk], and 128 * the sum of
+ * each group of 4 codes (the unsigned-weight correction, see below) */
+static inline void cyf_q8_row(const float *x, ptrdiff_t K, signed char *q, float *d, int *sum4)
+{
+    for (ptrdiff_t b = 0; b * CYF_QB < K; b++) {
+        const ptrdiff_t n = K - b * CYF_QB < CYF_QB ? K - b * CYF_QB : CYF_QB;
+        d[b] = cyf_q8_block(x + b * CYF_QB, n, q + b * CYF_QB);
+        if (sum4)
+            for (int l = 0; l < CYF_QB / 4; l++) {
+                const signed char *g = q + b * CYF_QB + 4 * l;
+                sum4[b * (CYF_QB / 4) + l] = 128 * (g[0] + g[1] + g[2] + g[3]);
+            }
+    }
+}
+
+/* partial[j] = sum over the blocks b of rows k0 .. k0+kb-1 (k0 a multiple
+ * of CYF_QB) of d_b * (q_b . W(block b, c0 + j)), each term added with one
+ * rounding (fmaf) in block order: the generic loops */
+static void cyf_i8q_gemv_block_generic(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0,
+                                       ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
+{
+    (void)N;
+    const signed char *Wd = (const signed char *)W->data;
+    int *isum = (int *)tmp;  /* cw ints */
+    signed char q[CYF_QB];
+    for (ptrdiff_t j = 0; j < cw; j++)
+        partial[j] = 0.0f;
+    for (ptrdiff_t b0 = 0; b0 < kb; b0 += CYF_QB) {
+        const ptrdiff_t nb = kb - b0 < CYF_QB ? kb - b0 : CYF_QB;
+        const float d = cyf_q8_block(x + k0 + b0, nb, q);
+        for (ptrdiff_t j = 0; j < cw; j++)
+            isum[j] = 0;
+        for (ptrdiff_t i = 0; i < nb; i++) {
+            const signed char *w = Wd + (k0 + b0 + i) * W->ld + c0;
+            const int qi = q[i];
+            for (ptrdiff_t j = 0; j < cw; j++)
+                isum[j] += qi * w[j];
+        }
+        for (ptrdiff_t j = 0; j < cw; j++)
+            partial[j] = __builtin_fmaf(d, (float)isum[j], partial[j]);
+    }
+}
+
+/* int4 weights times int8 activations: as int8's, with the weights'
+ * scale per output and group (a group is an activation block) multiplying
+ * each block's d first: partial[j] += (d_b * s_bj) * isum_bj, one rounding
+ * for the product of scales and one for the multiply-add. */
+static void cyf_i4q_gemv_block_generic(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0,
+                                       ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
+{
+    const unsigned char *Wd = (const unsigned char *)W->data;
+    int *isum = (int *)tmp;  /* cw ints */
+    signed char q[CYF_QB];
+    for (ptrdiff_t j = 0; j < cw; j++)
+        partial[j] = 0.0f;
+    for (ptrdiff_t b0 = 0; b0 < kb; b0 += CYF_QB) {
+        const ptrdiff_t nb = kb - b0 < CYF_QB ? kb - b0 : CYF_QB;
+        const float d = cyf_q8_block(x + k0 + b0, nb, q);
+        const float *s = W->scale + ((k0 + b0) / CYF_GROUP) * N + c0;
+        for (ptrdiff_t j = 0; j < cw; j++)
+            isum[j] = 0;
+        for (ptrdiff_t i = 0; i < nb; i++) {
+            const ptrdiff_t k = k0 + b0 + i;
+            const unsigned char *w = Wd + (k >> 1) * W->ld + c0;
+            const int sh = (int)(k & 1) * 4, qi = q[i];
+            for (ptrdiff_t j = 0; j < cw; j++)
+                isum[j] += qi * (((w[j] >> sh) & 15) - 8);
+        }
+        for (ptrdiff_t j = 0; j < cw; j++) {
+            const float t = d * s[j];
+            partial[j] = __builtin_fmaf(t, (float)isum[j], partial[j]);
+        }
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define CYF_HAVE_VNNI_KERNELS 1
+/* AVX512-VNNI: vpdpbusd adds 4 products of unsigned by signed bytes into
+ * each int32 lane.  The weights are the unsigned side, w + 128 (the sign
+ * bit flipped), and 128 * the 4 codes' sum is taken off again: exact, and no
+ * copy of the weights.  A lane needs 4 consecutive inputs of one output, so
+ * 4 rows of W [K, N] are interleaved in registers (two unpacks); the int32
+ * sums come out with columns in 128-bit lanes transposed, put back by four
+ * shuffles per block of 32 rows. */
+__attribute__((target("avx512vnni")))
+static void cyf_i8q_gemv_block_vnni(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
+                                    ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
+{
+    const signed char *Wd = (const signed char *)W->data + k0 * W->ld + c0;
+    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB;
+    if (nblk == 0 || cw <= 0) {
+        for (ptrdiff_t j = 0; j < cw; j++)
+            partial[j] = 0.0f;
+        return;
+    }
+    signed char q[nblk * CYF_QB];
+    float d[nblk];
+    int sum4[nblk * (CYF_QB / 4)], bsum[nblk];
+    cyf_q8_row(x + k0, kb, q, d, sum4);
+    for (ptrdiff_t b = 0; b < nblk; b++) {
+        bsum[b] = 0;
+        for (int l = 0; l < CYF_QB / 4; l++)
+            bsum[b] += sum4[b * (CYF_QB / 4) + l];
+    }
+    /* the block into L2 row by row first: the loop below walks down columns */
+    for (ptrdiff_t k = 0; k < kb; k++)
+        for (ptrdiff_t j = 0; j < cw; j += 64)
+            __builtin_prefetch(Wd + k * ld + j, 0, 2);
+    const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    ptrdiff_t j = 0;
+    for (; j + 64 <= cw; j += 64) {
+        __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+        for (ptrdiff_t b = 0; b < nblk; b++) {
+            __m512i e = zero, f = zero, g = zero, h = zero;
+            const ptrdiff_t kn = kb - b * CYF_QB < CYF_QB ? kb - b * CYF_QB : CYF_QB;
+            for (ptrdiff_t kk = 0; kk < kn; kk += 4) {
+                const signed char *w = Wd + (b * CYF_QB + kk) * ld + j;
+                const __m512i r0 = _mm512_xor_si512(_mm512_loadu_si512(w), flip);
+                const __m512i r1 = kk + 1 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + ld), flip) : zero;
+                const __m512i r2 = kk + 2 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + 2 * ld), flip) : zero;
+                const __m512i r3 = kk + 3 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + 3 * ld), flip) : zero;
+                const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
+                const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
+                int q4;
+                memcpy(&q4, q + b * CYF_QB + kk, 4);
+                const __m512i qq = _mm512_set1_epi32(q4);
+                e = _mm512_dpbusd_epi32(e, _mm512_unpacklo_epi16(lo01, lo23), qq);
+                f = _mm512_dpbusd_epi32(f, _mm512_unpackhi_epi16(lo01, lo23), qq);
+                g = _mm512_dpbusd_epi32(g, _mm512_unpacklo_epi16(hi01, hi23), qq);
+                h = _mm512_dpbusd_epi32(h, _mm512_unpackhi_epi16(hi01, hi23), qq);
+            }
+            /* e, f, g, h hold columns 16L + (0-3, 4-7, 8-11, 12-15) in 128-bit
+             * lane L: a 4 x 4 transpose of lanes puts columns in order */
+            const __m512i t0 = _mm512_shuffle_i32x4(e, f, 0x44), t1 = _mm512_shuffle_i32x4(g, h, 0x44);
+            const __m512i t2 = _mm512_shuffle_i32x4(e, f, 0xEE), t3 = _mm512_shuffle_i32x4(g, h, 0xEE);
+            const __m512i c = _mm512_set1_epi32(bsum[b]);
+            const __m512 db = _mm512_set1_ps(d[b]);
+            f0 = _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0x88), c)), f0);
+            f1 = _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0xDD), c)), f1);
+            f2 = _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0x88), c)), f2);
+            f3 = _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0xDD), c)), f3);
+        }
+        _mm512_storeu_ps(partial + j, f0);
+        _mm512_storeu_ps(partial + j + 16, f1);
+        _mm512_storeu_ps(partial + j + 32, f2);
+        _mm512_storeu_ps(partial + j + 48, f3);
+    }
+    if (j < cw) {  /* the last columns through the generic loops: the same integers, the same roundings */
+        cyf_wt rest = *W;
+        rest.data = (const signed char *)W->data + j;
+        cyf_i8q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
+    }
+}
+
+
+/* int4 with AVX512-VNNI: 4 row pairs interleaved as int8's 4 rows give each
+ * lane 4 bytes of one output, i.e. inputs 2P .. 2P + 7 of 4 pairs; the low
+ * nibbles are inputs 2P, 2P+2, 2P+4, 2P+6 and the high ones the odd inputs,
+ * so each meets the activation codes in that order.  Nibbles are q + 8,
+ * already unsigned: 8 * the codes' sum is taken off. */
+__attribute__((target("avx512vnni")))
+static void cyf_i4q_gemv_block_vnni(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
+                                    ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
+{
+    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB, npairs = (kb + 1) / 2;
+    const unsigned char *Wd = (const unsigned char *)W->data + (k0 >> 1) * ld + c0;
+    if (nblk == 0 || cw <= 0) {
+        for (ptrdiff_t j = 0; j < cw; j++)
+            partial[j] = 0.0f;
+        return;
+    }
+    signed char q[nblk * CYF_QB];
+    float d[nblk];
+    int bsum[nblk], qe[nblk * 4], qo[nblk * 4];
+    cyf_q8_row(x + k0, kb, q, d, NULL);
+    for (ptrdiff_t b = 0; b < nblk; b++) {
+        const signed char *qb = q + b * CYF_QB;
+        bsum[b] = 0;
+        for (int i = 0; i < CYF_QB; i++)
+            bsum[b] += qb[i];
+        bsum[b] *= 8;
+        for (int it = 0; it < 4; it++) {
+            const signed char e[4] = {qb[8 * it], qb[8 * it + 2], qb[8 * it + 4], qb[8 * it + 6]};
+            const signed char o[4] = {qb[8 * it + 1], qb[8 * it + 3], qb[8 * it + 5], qb[8 * it + 7]};
+            memcpy(qe + b * 4 + it, e, 4);
+            memcpy(qo + b * 4 + it, o, 4);
+        }
+    }
+    for (ptrdiff_t p = 0; p < npairs; p++)
+        for (ptrdiff_t j = 0; j < cw; j += 64)
+            __builtin_prefetch(Wd + p * ld + j, 0, 2);
+    const __m512i nib = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+    ptrdiff_t j = 0;
+    for (; j + 64 <= cw; j += 64) {
+        __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+        for (ptrdiff_t b = 0; b < nblk; b++) {
+            __m512i e = zero, f = zero, g = zero, h = zero;
+            for (int it = 0; it < 4; it++) {
+                const ptrdiff_t p0 = b * (CYF_QB / 2) + 4 * it;
+                if (p0 >= npairs)
+                    break;
+                const unsigned char *w = Wd + p0 * ld + j;
+                const __m512i r0 = _mm512_loadu_si512(w);
+                const __m512i r1 = p0 + 1 < npairs ? _mm512_loadu_si512(w + ld) : zero;
+                const __m512i r2 = p0 + 2 < npairs ? _mm512_loadu_si512(w + 2 * ld) : zero;
+                const __m512i r3 = p0 + 3 < npairs ? _mm512_loadu_si512(w + 3 * ld) : zero;
+                const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
+                const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
+                const __m512i ve = _mm512_unpacklo_epi16(lo01, lo23), vf = _mm512_unpackhi_epi16(lo01, lo23);
+                const __m512i vg = _mm512_unpacklo_epi16(hi01, hi23), vh = _mm512_unpackhi_epi16(hi01, hi23);
+                const __m512i qqe = _mm512_set1_epi32(qe[b * 4 + it]), qqo = _mm512_set1_epi32(qo[b * 4 + it]);
+                e = _mm512_dpbusd_epi32(e, _mm512_and_si512(ve, nib), qqe);
+                e = _mm512_dpbusd_epi32(e, _mm512_and_si512(_mm512_srli_epi16(ve, 4), nib), qqo);
+                f = _mm512_dpbusd_epi32(f, _mm512_and_si512(vf, nib), qqe);
+                f = _mm512_dpbusd_epi32(f, _mm512_and_si512(_mm512_srli_epi16(vf, 4), nib), qqo);
+                g = _mm512_dpbusd_epi32(g, _mm512_and_si512(vg, nib), qqe);
+                g = _mm512_dpbusd_epi32(g, _mm512_and_si512(_mm512_srli_epi16(vg, 4), nib), qqo);
+                h = _mm512_dpbusd_epi32(h, _mm512_and_si512(vh, nib), qqe);
+                h = _mm512_dpbusd_epi32(h, _mm512_and_si512(_mm512_srli_epi16(vh, 4), nib), qqo);
+            }
+            const __m512i t0 = _mm512_shuffle_i32x4(e, f, 0x44), t1 = _mm512_shuffle_i32x4(g, h, 0x44);
+            const __m512i t2 = _mm512_shuffle_i32x4(e, f, 0xEE), t3 = _mm512_shuffle_i32x4(g, h, 0xEE);
+            const __m512i c = _mm512_set1_epi32(bsum[b]);
+            const __m512 db = _mm512_set1_ps(d[b]);
+            const float *s = W->scale + ((k0 + b * CYF_QB) / CYF_GROUP) * N + c0 + j;
+            f0 = _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s)),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0x88), c)), f0);
+            f1 = _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 16)),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0xDD), c)), f1);
+            f2 = _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 32)),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0x88), c)), f2);
+            f3 = _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 48)),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0xDD), c)), f3);
+        }
+        _mm512_storeu_ps(partial + j, f0);
+        _mm512_storeu_ps(partial + j + 16, f1);
+        _mm512_storeu_ps(partial + j + 32, f2);
+        _mm512_storeu_ps(partial + j + 48, f3);
+    }
+    if (j < cw) {  /* the last columns through the generic loops: the same integers, the same roundings */
+        cyf_wt rest = *W;
+        rest.data = (const unsigned char *)W->data + j;
+        rest.scale = W->scale + j;
+        cyf_i4q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
+    }
+}
+#else
+#define CYF_HAVE_VNNI_KERNELS 0
+#endif
+
 /* ---- the table, indexed by cyformer/formats.py's Format.code ------------- */
 static cyf_format cyf_formats[] = {
     {"float32", "float32 FMA", 0, 1, cyf_f32_gemv_block, cyf_f32_gemv_block_rows, cyf_f32_dot_t, cyf_f32_dot_t_rows,
      cyf_f32_pack_run, cyf_f32_pack_t},
     {"bfloat16", "widened to float32, FMA", 0, 0, cyf_bf16_gemv_block, NULL, cyf_bf16_dot_t, NULL, cyf_bf16_pack_run, cyf_bf16_pack_t},
-    {"int8", "widened to float32, FMA", 1, 0, cyf_i8_gemv_block, NULL, cyf_i8_dot_t, NULL, cyf_i8_pack_run, cyf_i8_pack_t},
-    {"int4", "widened to float32, FMA", 0, 0, cyf_i4_gemv_block, NULL, cyf_i4_dot_t, NULL, cyf_i4_pack_run, cyf_i4_pack_t},
+    {"int8", "[K, N]: int8 activations, generic integer loops; [N, K]: widened to float32, FMA", 1, 0, cyf_i8q_gemv_block_generic, NULL,
+     cyf_i8_dot_t, NULL, cyf_i8_pack_run, cyf_i8_pack_t},
+    {"int4", "[K, N]: int8 activations, generic integer loops; [N, K]: widened to float32, FMA", 0, 0,
+     cyf_i4q_gemv_block_generic, NULL, cyf_i4_dot_t, NULL, cyf_i4_pack_run, cyf_i4_pack_t},
 };
 #define CYF_NFORMATS ((int)(sizeof cyf_formats / sizeof cyf_formats[0]))
 
@@ -188,6 +457,28 @@ static cyf_format cyf_formats[] = {
 static inline const cyf_format *cyf_format_at(int code)
 {
     return code >= 0 && code < CYF_NFORMATS ? &cyf_formats[code] : NULL;
+}
+
+/* Point each row at the best kernels this CPU runs: features as
+ * cyformer._runtime.cpu_features()'s bits (1: AVX512-VNNI).  Called once at
+ * import (and by tests, to run every variant); returns the bits used. */
+static inline int cyf_formats_select(int features)
+{
+    cyf_format *i8 = &cyf_formats[2], *i4 = &cyf_formats[3];
+    if (CYF_HAVE_VNNI_KERNELS && (features & 1)) {
+#if CYF_HAVE_VNNI_KERNELS
+        i8->gemv_block = cyf_i8q_gemv_block_vnni;
+        i8->kernels = "[K, N]: int8 activations, AVX512-VNNI vpdpbusd; [N, K]: widened to float32, FMA";
+        i4->gemv_block = cyf_i4q_gemv_block_vnni;
+        i4->kernels = "[K, N]: int8 activations, AVX512-VNNI vpdpbusd; [N, K]: widened to float32, FMA";
+#endif
+        return 1;
+    }
+    i8->gemv_block = cyf_i8q_gemv_block_generic;
+    i8->kernels = "[K, N]: int8 activations, generic integer loops; [N, K]: widened to float32, FMA";
+    i4->gemv_block = cyf_i4q_gemv_block_generic;
+    i4->kernels = i8->kernels;
+    return 0;
 }
 
 /* The embedding lookup: out[k] = W(n, k), k < K, of W [N, K] as scaled float32. */

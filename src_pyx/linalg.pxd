@@ -38,6 +38,7 @@ cdef extern from "formats.h" nogil:
         bint t
         Py_ssize_t ld       # between rows of the stored array, in its elements
     int CYF_NFORMATS
+    int cyf_formats_select(int features)
     const cyf_format* cyf_format_at(int code)
     void cyf_dequant_row_t(float* out, const Wt* W, Py_ssize_t n, Py_ssize_t K)
 

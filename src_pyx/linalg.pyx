@@ -479,6 +479,32 @@ def _check_format_table():
 _check_format_table()
 
 
+# cyformer._runtime.cpu_features() names -> the bits cyf_formats_select reads
+_FEATURE_BITS = {"avx512_vnni": 1}
+
+
+def select_format_kernels(features=None):
+    """Point each format's row at the kernels for ``features`` ({name: bool},
+    as cyformer._runtime.cpu_features(); None: this CPU's).  Done once at
+    import; tests call it to run each variant the CPU has.  Returns the
+    features used."""
+    from cyformer import _runtime
+    have = _runtime.cpu_features()
+    if features is None:
+        features = have
+    bits = 0
+    for name, bit in _FEATURE_BITS.items():
+        if features.get(name):
+            if not have.get(name):
+                raise ValueError(f"select_format_kernels: this CPU has no {name}")
+            bits |= bit
+    used = cyf_formats_select(bits)
+    return {name: bool(used & bit) for name, bit in _FEATURE_BITS.items()}
+
+
+select_format_kernels()
+
+
 def format_kernels():
     """{format name: what computes with it on this CPU, in words}."""
     return {name: cyf_format_at(f.code).kernels.decode() for name, f in _formats.TABLE.items()}

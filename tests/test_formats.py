@@ -253,7 +253,13 @@ def test_linear_matches_numpy_on_dequantized_weights(rng, fmt, transposed, T, th
     Wd = p.dequantize().astype(np.float64)
     ref = x.astype(np.float64) @ (Wd.T if transposed else Wd) + b
     got = linalg.linear_forward(x, p, b, w_transposed=transposed, threads=threads)
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    if fmt in ("int8", "int4") and T < 4 and not transposed:  # matrix-vector (decode): int8 activations
+        from cyformer.backends.numpy_ref import q4_matvec, q8_matvec
+        ref = np.stack([q8_matvec(r, p.data, p.scale, 64) if fmt == "int8" else q4_matvec(r, p.data, p.scale, 64)
+                        for r in x]).astype(np.float64) + b
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)  # the bias added (maybe fused) after
+    else:
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     again = linalg.linear_forward(x, p, b, w_transposed=transposed, threads=3 - threads)
     assert np.array_equal(got, again), "thread counts differ"
 
@@ -346,6 +352,43 @@ def test_accuracy_on_held_out_code(float32_reference, fmt):
     ppl, top = perplexity_and_top1(model, ids)
     max_rel, min_agree = BOUNDS[fmt]
     assert abs(ppl / ppl32 - 1) <= max_rel, f"{fmt}: perplexity {ppl:.3f} vs float32 {ppl32:.3f}"
+    assert (top == top32).mean() >= min_agree
+
+
+def decode_perplexity_and_top1(model, ids):
+    """perplexity_and_top1 through one-token decode steps (the matrix-vector
+    kernels: int8 weights there multiply int8 activations)."""
+    P, be = model.config.n_positions, model.backend
+    nll, n, top = 0.0, 0, []
+    for s in range(0, len(ids) - 1, P - 1):
+        w = ids[s:s + P]
+        if len(w) < 2:
+            break
+        kv = be.new_cache(P)
+        lg = np.stack([np.asarray(be.run(w[t:t + 1], kv, True))[-1] for t in range(len(w) - 1)])
+        lg = lg.astype(np.float64)
+        lp = lg - lg.max(1, keepdims=True)
+        lp -= np.log(np.exp(lp).sum(1, keepdims=True))
+        nll -= lp[np.arange(len(w) - 1), w[1:]].sum()
+        n += len(w) - 1
+        top.append(lg.argmax(1))
+    return float(np.exp(nll / n)), np.concatenate(top)
+
+
+# The same through decode, where int8 and int4 [K, N] matrices take int8
+# activations: measured int8 +0.09 %, 98.44 % top-1 agreement (float
+# activations: +0.15 %, 98.80 %), int4 +0.98 %, 92.38 % (+0.99 %, 92.38 %);
+# int8's agreement bound is the issue's 98 %, the rest as in BOUNDS.
+DECODE_BOUNDS = {"int8": (0.003, 0.98), "int4": (0.015, 0.915)}
+
+
+@pytest.mark.parametrize("fmt", sorted(DECODE_BOUNDS))
+def test_decode_accuracy_on_held_out_code(float32_reference, fmt):
+    ids, (ppl32, top32) = float32_reference
+    model = cyformer.load(threads=2, dtype=fmt)
+    ppl, top = decode_perplexity_and_top1(model, ids)
+    max_rel, min_agree = DECODE_BOUNDS[fmt]
+    assert abs(ppl / ppl32 - 1) <= max_rel, f"{fmt}: decode perplexity {ppl:.3f} vs float32 {ppl32:.3f}"
     assert (top == top32).mean() >= min_agree
 
 
@@ -487,3 +530,85 @@ def test_the_format_table_drives_options_saving_and_info():
         f = formats.TABLE[name]
         p = quantize(np.ones((64, 8), np.float32), name)
         assert p.data.dtype == f.storage and p.nbytes <= 64 * 8 * f.bytes_per_weight + 64 * 4
+
+
+# -- int8 weights times int8 activations (decode): every kernel variant this
+# CPU runs, bit for bit against backends/numpy_ref's q8_* references --------
+
+def _int8_variants():
+    from cyformer import _runtime
+    from cyformer.kernels import LEVEL
+    out = [{"avx512_vnni": False}]
+    if not _runtime.cpu_features()["avx512_vnni"]:
+        print("int8 AVX512-VNNI kernels not tested: this CPU has no avx512_vnni")
+    elif not linalg.select_format_kernels({"avx512_vnni": True})["avx512_vnni"]:
+        print(f"int8 AVX512-VNNI kernels not tested: kernel level {LEVEL} has none")
+    else:
+        out.append({"avx512_vnni": True})
+    linalg.select_format_kernels()
+    return out
+
+
+@pytest.fixture
+def int8_variant(request):
+    yield request.param
+    linalg.select_format_kernels()  # back to this CPU's best
+
+
+def test_q8_activation_rule():
+    from cyformer.backends.numpy_ref import q8_activations
+    x = np.zeros(70, np.float32)
+    x[:4] = [127.0, 0.5, -0.5, 1.5]     # d = 1: rint ties to even
+    x[32:34] = [np.nan, 1.0]            # a block with a NaN: d NaN, codes 0
+    q, d = q8_activations(x)
+    assert q.shape == (3, 32) and d.dtype == np.float32
+    assert list(q[0, :4]) == [127, 0, 0, 2] and d[0] == 1.0
+    assert np.isnan(d[1]) and not q[1].any()
+    assert d[2] == 0 and not q[2].any()  # all zeros (and the zero padding past 70)
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+@pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (96, 70), (200, 129), (768, 300)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_int8_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
+    from cyformer.backends.numpy_ref import q8_matvec
+    linalg.select_format_kernels(int8_variant)
+    W = quantize(rng.standard_normal((K, N)).astype(np.float32), "int8")
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    x[2, :min(K, 40)] *= 1e-3  # blocks of very different scales
+    for T in (1, 2, 3):
+        got = linalg.linear_forward(x[:T], W, threads=threads)
+        for t in range(T):
+            want = q8_matvec(x[t], W.data, W.scale, 64)  # linalg's GEMV_ROWS
+            np.testing.assert_array_equal(got[t].view(np.uint32), want.view(np.uint32))
+        # and within the bounds of float arithmetic on the dequantized weights
+        np.testing.assert_allclose(got, x[:T] @ W.dequantize(), rtol=0.05, atol=0.05 * np.sqrt(K))
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+@pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_int4_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
+    from cyformer.backends.numpy_ref import q4_matvec
+    linalg.select_format_kernels(int8_variant)
+    W = quantize(rng.standard_normal((K, N)).astype(np.float32), "int4")
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    x[2, :min(K, 40)] *= 1e-3
+    for T in (1, 2, 3):
+        got = linalg.linear_forward(x[:T], W, threads=threads)
+        for t in range(T):
+            want = q4_matvec(x[t], W.data, W.scale, 64)
+            np.testing.assert_array_equal(got[t].view(np.uint32), want.view(np.uint32))
+        np.testing.assert_allclose(got, x[:T] @ W.dequantize(), rtol=0.05, atol=0.05 * np.sqrt(K))
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+def test_int8_matvec_non_finite_activations_give_nan(int8_variant):
+    linalg.select_format_kernels(int8_variant)
+    W = quantize(np.ones((64, 40), np.float32), "int8")
+    x = np.ones((1, 64), np.float32)
+    x[0, 40] = np.inf
+    assert np.isnan(linalg.linear_forward(x, W)).all()

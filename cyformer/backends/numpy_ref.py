@@ -40,6 +40,83 @@ F32 = np.float32
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
+# -- int8 dot products (the kernels' integer decode path, bit for bit) ----
+
+Q8_BLOCK = 32  # inputs per activation scale (formats.h's CYF_QB)
+
+
+def q8_activations(x):
+    """x [K] float32 -> (codes int32 [nblk, 32], scales float32 [nblk]): per
+    block of 32 inputs d = max|x| / 127 and q = rint(x * (1 / d)) (ties to
+    even) in [-127, 127], in float32; d = 0 gives q = 0, a block with a NaN
+    or infinity gets d = NaN and q = 0.  The last block is zero-padded."""
+    x = np.asarray(x, dtype=F32)
+    K = x.shape[0]
+    nblk = -(-K // Q8_BLOCK)
+    xb = np.zeros((nblk, Q8_BLOCK), F32)
+    xb.reshape(-1)[:K] = x
+    a = np.abs(xb)
+    finite = np.isfinite(xb).all(axis=1)
+    amax = np.where(finite, a.max(axis=1, initial=F32(0)), F32(0)).astype(F32)
+    d = (amax / F32(127)).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0)).astype(F32)
+        q = np.clip(np.rint(np.where(finite[:, None], xb, F32(0)) * inv[:, None]), -127, 127)
+    d = np.where(finite, d, F32(np.nan)).astype(F32)
+    return q.astype(np.int32), d
+
+
+def _fma(a, b, c):
+    """a * b + c (float32 arrays) rounded once to float32: the product of a
+    float32 and an integer below 2^24 is exact in float64, so one rounding."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(F32)
+
+
+def q8_matvec(x, codes, scale, rows_per_block):
+    """The int8 decode product x [K] @ W [K, N] (codes int8 [K, N], scale
+    float32 [N] per output), as the kernels sum it: rows in blocks of
+    rows_per_block (linalg's GEMV_ROWS), within a block each activation
+    block's integer sums times its d added with one rounding, the blocks'
+    partial sums added in order, then times the scale."""
+    q, d = q8_activations(x)
+    K, N = codes.shape
+    total = None
+    for k0 in range(0, K, rows_per_block):
+        part = np.zeros(N, F32)
+        for b0 in range(k0, min(K, k0 + rows_per_block), Q8_BLOCK):
+            b1 = min(K, b0 + Q8_BLOCK, k0 + rows_per_block)
+            isum = q.reshape(-1)[b0:b1].astype(np.int64) @ codes[b0:b1].astype(np.int64)
+            part = _fma(np.full(N, d[b0 // Q8_BLOCK], F32), isum.astype(F32), part)
+        total = part if total is None else (total + part).astype(F32)
+    if total is None:
+        total = np.zeros(N, F32)
+    return (total * scale).astype(F32)
+
+
+def q4_matvec(x, data, scale, rows_per_block):
+    """The int4 decode product x [K] @ W [K, N] (data: uint8 [ceil(K/2), N]
+    nibble pairs, q + 8, low nibble the even input; scale float32 [K/32, N]),
+    as the kernels sum it: q8_matvec's order, each block's integer sums
+    times float32(d_b * scale[b]) added with one rounding."""
+    q, d = q8_activations(x)
+    K = x.shape[0]
+    codes = np.empty((data.shape[0] * 2, data.shape[1]), np.int64)
+    codes[0::2] = (data & 15).astype(np.int64) - 8
+    codes[1::2] = (data >> 4).astype(np.int64) - 8
+    codes = codes[:K]
+    N = codes.shape[1]
+    total = None
+    for k0 in range(0, K, rows_per_block):
+        part = np.zeros(N, F32)
+        for b0 in range(k0, min(K, k0 + rows_per_block), Q8_BLOCK):
+            b1 = min(K, b0 + Q8_BLOCK, k0 + rows_per_block)
+            isum = q.reshape(-1)[b0:b1].astype(np.int64) @ codes[b0:b1]
+            t = (d[b0 // Q8_BLOCK] * scale[b0 // Q8_BLOCK]).astype(F32)
+            part = _fma(t, isum.astype(F32), part)
+        total = part if total is None else (total + part).astype(F32)
+    return np.zeros(N, F32) if total is None else total
+
+
 # -- building blocks ------------------------------------------------------
 
 def layer_norm(x, w: NormWeights, eps):
