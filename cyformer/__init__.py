@@ -18,12 +18,12 @@ if _util.find_spec("cyformer._runtime") is None:
         "outside the checkout (cd elsewhere), or install it editable (pip install -e .), or "
         "build in place (python setup.py build_ext --inplace).")
 
+from ._version import __version__
 from .errors import ChatTemplateError, CyformerError, ModelLoadError, TokenizerError
 from .config import Config
 from .loader import load
 from .model import Model
 from .info import build_info
 
-__version__ = "0.1.0"
 __all__ = ["load", "Model", "Config", "build_info", "CyformerError", "ModelLoadError",
            "TokenizerError", "ChatTemplateError", "__version__"]

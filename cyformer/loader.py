@@ -42,12 +42,12 @@ def load(path: "str | os.PathLike | None" = None, *, threads: "int | None" = Non
     file, key or tensor that is missing or malformed.
 
     fold_ln, center_writing_weights, center_unembed, fold_value_biases:
-    TransformerLens's weight processing (cyformer.tl.process), off by
+    TransformerLens's weight processing (cyformer.processing), off by
     default (TransformerLens's from_pretrained turns all four on); float32
     weights only.
     """
     from .formats import check_format
-    from .tl.process import check_options, process_weights
+    from .processing import check_options, process_weights
 
     if dtype is not None:
         check_format("load", dtype)
@@ -78,7 +78,7 @@ def load(path: "str | os.PathLike | None" = None, *, threads: "int | None" = Non
     tokenizer = load_tokenizer(path)
     generation = read_generation_config(path, cfg.vocab_size)
     model = Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend,
-                  generation_config=generation)
+                  generation_config=generation, reload=reload)
     return process_weights(model, **processing) if any(processing.values()) else model
 
 

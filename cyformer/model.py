@@ -7,7 +7,8 @@ input checking, batching, text and generation on top, identically for all.
 For looking inside, a backend with ``supports_hooks`` (cyformer.backends.Backend) also takes
 ``run(..., hooks=HookPoints)``; ``run_with_cache`` and ``run_with_hooks``
 go through it, and ``blocks``/``unembed`` are read-only views of the weights
-(cyformer.interp).
+(cyformer.interp).  TransformerLens's API is a layer above this class
+(cyformer.tl wraps a Model); nothing here imports it.
 """
 
 import os
@@ -18,24 +19,35 @@ from . import _checks
 from .backends import make_backend
 from .config import Config
 from .generate import Generation, Stream
+from .hooks import ActivationCache, HookOptions, HookPoints, select
 from .model_files import GenerationConfig
+from .processing import OPTIONS as PROCESSING_OPTIONS
 from .request import CHAT_MAX_NEW_TOKENS, NOT_GIVEN, GenerationRequest
-from .tl.api import LensAPI
-from .tl.process import OPTIONS as PROCESSING_OPTIONS
 from .tokenizer import NoTokenizer
 from .weights import Weights
 
+# TransformerLens's names, which live on the layer above (a hint, not an API)
+_LENS_NAMES = frozenset((
+    "cfg", "to_tokens", "to_string", "to_str_tokens", "to_single_token", "to_single_str_token",
+    "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_in", "b_in", "W_gate", "W_out",
+    "b_out", "W_E", "W_pos", "W_E_pos", "W_U", "b_U", "QK", "OV", "hook_dict", "mod_dict",
+    "add_hook", "add_perma_hook", "reset_hooks", "hooks", "loss_fn", "set_use_attn_in",
+    "set_use_split_qkv_input", "set_use_hook_mlp_in", "set_use_attn_result", "set_ln_normalized",
+    "accumulated_bias", "tokens_to_residual_directions", "all_head_labels", "hook_points",
+    "remove_all_hook_fns", "clear_contexts", "enable_compatibility_mode"))
 
-class Model(LensAPI):
+
+class Model:
     """A loaded model: embedding, blocks, final norm and unembedding.
 
     Build one with ``cyformer.load(path)``.  ``threads`` is the OpenMP team
-    size every kernel call uses; results do not depend on it.  It also has
-    TransformerLens's HookedTransformer attributes and methods (cyformer.tl).
+    size every kernel call uses; results do not depend on it.
+    TransformerLens's HookedTransformer surface wraps it:
+    ``cyformer.tl.HookedTransformer(model)`` (cyformer.tl).
     """
 
     def __init__(self, cfg: Config, weights: Weights, threads=None, path=None, tokenizer=None,
-                 backend="cython", generation_config: GenerationConfig = None):
+                 backend="cython", generation_config: GenerationConfig = None, reload=None):
         self.config = cfg
         # eos ids and default sampling values (generation_config.json)
         self.generation_config = generation_config if generation_config is not None else GenerationConfig()
@@ -48,11 +60,12 @@ class Model(LensAPI):
         self.backend = make_backend(backend, cfg, weights, self.threads)
         self._parts = None
         self._float_weights = None
-        from .hooks import HookOptions
-        self.hook_options = HookOptions()  # TransformerLens's hook flags (cyformer.tl)
-        self._hook_points = None  # name -> HookPoint, made when hooks are added
-        # TransformerLens's weight processing applied (cyformer.tl.process): option -> bool
+        self.hook_options = HookOptions()  # optional hook points, what hook_normalized holds
+        # weight processing applied (cyformer.processing): option -> bool
         self.processing = dict.fromkeys(PROCESSING_OPTIONS, False)
+        # (path, threads, backend, dtype, processing) -> Model: cyformer.load passes
+        # loader.reload, which pickling and copying call (the loader sits above this module)
+        self._reload = reload
 
     @property
     def dtype(self):
@@ -96,13 +109,12 @@ class Model(LensAPI):
     def __reduce__(self):
         # pickle, copy and deepcopy load the directory again: the weights are
         # memory-mapped and the compiled kernels hold pointers into them
-        if self.path is None:
+        if self.path is None or self._reload is None:
             raise TypeError("a Model built from weights in memory cannot be pickled or copied: "
                             "only one loaded with cyformer.load(path) can (it is loaded again)")
-        from .loader import reload
-        return reload, (os.path.abspath(self.path), self.threads, self.backend.name,
-                        getattr(self, "load_dtype", self.dtype),
-                        dict(self.processing))
+        return self._reload, (os.path.abspath(self.path), self.threads, self.backend.name,
+                              getattr(self, "load_dtype", self.dtype),
+                              dict(self.processing))
 
     def forward(self, ids):
         """Logits for every position: ids [T] -> [T, V], or [B, T] -> [B, T, V] (float32).
@@ -110,20 +122,25 @@ class Model(LensAPI):
         Each sequence runs from position 0 with its own cache; positions only
         see earlier ones (causal).
         """
-        if self._has_added_hooks():  # hooks added with add_hook() run in every pass
-            return self.run_with_hooks(ids)
         batch, batched = _checks.check_ids(ids, self.config)
         backend = self.backend
         if not batched:  # the backend's array as is (a [512, 50257] copy costs a layer norm pass)
             return backend.run(batch[0], backend.new_cache(batch.shape[1], reuse=True))
         return backend.forward_batch(batch)
 
-    def __call__(self, input, **options):
-        """forward(ids); with a str or TransformerLens's keyword arguments
-        (return_type=, prepend_bos=, ...) as HookedTransformer's forward."""
-        if not options and not isinstance(input, (str, list)):
-            return self.forward(input)
-        return self.run_with_hooks(input, **options)
+    def __call__(self, ids, **options):
+        """forward(ids)."""
+        if options:
+            raise TypeError(f"Model() takes token ids only, not {', '.join(options)}=: TransformerLens's "
+                            "arguments belong to cyformer.tl.HookedTransformer(model)")
+        return self.forward(ids)
+
+    def __getattr__(self, name):
+        if name in _LENS_NAMES:
+            raise AttributeError(f"'Model' object has no attribute {name!r}: TransformerLens's names are on "
+                                 f"the layer above, cyformer.tl.HookedTransformer(model) (NumPy) or "
+                                 f"cyformer.tl.TransformerBridge (torch tensors)")
+        raise AttributeError(f"'Model' object has no attribute {name!r}")
 
     # -- looking inside ---------------------------------------------------
 
@@ -148,35 +165,27 @@ class Model(LensAPI):
         from .hooks import hook_names
         return hook_names(self.config, self.hook_options)
 
-    def run_with_cache(self, ids, names=None, fwd_hooks=(), *, names_filter=None, **options):
+    def run_with_cache(self, ids, names=None, fwd_hooks=()):
         """Logits plus the activations at the hook points: -> (logits, cache).
 
-        ids [T] or [B, T] as for forward() (or a str, tokenized with bos as
-        TransformerLens does).  names (or TransformerLens's names_filter)
-        selects what is kept: None (everything), a hook name, a list of
-        names, or a predicate name -> bool; see ``hook_names()`` and
-        cyformer.hooks for names and shapes.  The cache (cyformer.tl's
-        ActivationCache) maps name -> float32 array, with a leading batch
-        axis for 2-D ids; it also takes TransformerLens's shorthand keys and
-        methods.  Only the requested points are computed apart from the
-        fused kernels.  fwd_hooks as in run_with_hooks() run first, so the
-        cache shows what the model used.  options: TransformerLens's
-        remove_batch_dim, return_type, return_cache_object, prepend_bos
-        (cyformer.tl.api.run); what needs torch raises TorchRequired.
+        ids [T] or [B, T] as for forward(), or a str (encoded as generate()
+        encodes a prompt).  names selects what is kept: None (everything), a
+        hook name, a list of names, or a predicate name -> bool; see
+        ``hook_names()`` and cyformer.hooks for names and shapes.  The cache
+        maps name -> float32 array, with a leading batch axis for 2-D ids.
+        Only the requested points are computed apart from the fused kernels.
+        fwd_hooks as in run_with_hooks() run first, so the cache shows what
+        the model used.
         """
-        from .hooks import select
-        from .tl.api import run
+        record = select(self.config, names, "run_with_cache", self.hook_options)
+        hooks = HookPoints(self.config, record, fwd_hooks, options=self.hook_options, fn="run_with_cache")
+        logits = self.run_hooked(ids, hooks, "run_with_cache")
+        batched = logits.ndim == 3
+        cache = ActivationCache((n, v if batched else v[0]) for n, v in hooks.cache.items())
+        cache.hook_names = self.hook_names()  # so a misspelt key gets the nearest names
+        return logits, cache
 
-        if names is not None and names_filter is not None:
-            raise ValueError("run_with_cache: give names or names_filter, not both")
-        wanted = names if names is not None else names_filter
-        record = select(self.config, wanted, "run_with_cache", self.hook_options)
-        out, cache = run(self, "run_with_cache", ids, record, fwd_hooks, **options)
-        if cache is not None and hasattr(cache, "hook_names"):
-            cache.hook_names = self.hook_names()  # so a misspelt key gets the nearest names
-        return out, cache
-
-    def run_with_hooks(self, ids, fwd_hooks=(), **options):
+    def run_with_hooks(self, ids, fwd_hooks=()):
         """Logits of a forward pass whose activations the hooks may change.
 
         fwd_hooks: pairs (name, fn), name a hook name or a predicate name ->
@@ -185,19 +194,24 @@ class Model(LensAPI):
         TransformerLens's ``fn(activation, hook)`` (a parameter named hook)
         gets the whole batch [B, ...] and the HookPoint.  Either returns None
         (keep it; the logits stay bitwise those of forward()) or a
-        replacement of the same shape.  Several hooks on one point run in
-        order, after those added with add_hook().  options as for
-        run_with_cache (return_type="loss" gives the next-token loss).
+        replacement of the same shape.  Several hooks on one point run in order.
         """
-        from .tl.api import run
+        hooks = HookPoints(self.config, frozenset(), fwd_hooks, options=self.hook_options)
+        return self.run_hooked(ids, hooks)
 
-        reset = options.pop("reset_hooks_end", True)
-        options.pop("clear_contexts", None)
-        if not reset:
-            for name, fn in fwd_hooks:
-                self.add_hook(name, fn)
-            fwd_hooks = ()
-        return run(self, "run_with_hooks", ids, None, fwd_hooks, **options)[0]
+    def run_hooked(self, ids, hooks, fn="run_with_hooks"):
+        """The hooked forward pass under run_with_cache and run_with_hooks:
+        ids [T] or [B, T] (or a str) through a cyformer.hooks.HookPoints,
+        which runs its hooks and fills ``hooks.cache`` (every array with a
+        leading batch axis) -> logits [T, V] or [B, T, V]."""
+        if not self.backend.supports_hooks:
+            raise ValueError(f"{fn}: the {self.backend.name!r} backend has no hook points; "
+                             "load the model with backend='cython'")
+        if isinstance(ids, str):
+            ids = self.tokenizer.encode(ids, add_special_tokens=True)
+        batch, batched = _checks.check_ids(ids, self.config, fn)
+        logits = np.stack(self.backend.run_hooked_batch(batch, hooks))
+        return logits if batched else logits[0]
 
     # -- text -------------------------------------------------------------
 

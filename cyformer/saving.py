@@ -35,7 +35,7 @@ def save(model, directory):
 
 
 def _save(model, directory):
-    from . import __version__
+    from ._version import __version__
     from .formats import Packed
 
     try:

@@ -78,9 +78,9 @@ def test_cli_truncate(model):
 def test_forward_with_text_says_encode(model):
     with pytest.raises(ValueError, match=r"forward takes token ids: use model\.encode\(text\)"):
         model.forward("x = 1")
-    # run_with_cache takes text as TransformerLens's does (tokenized with bos)
+    # run_with_cache takes text, encoded as generate() encodes a prompt
     logits, _ = model.run_with_cache("x = 1", names=["hook_embed"])
-    assert logits.shape[-2] == np.asarray(model.to_tokens("x = 1")).shape[-1]
+    assert logits.shape[-2] == len(model.tokenizer.encode("x = 1", add_special_tokens=True))
 
 
 def test_part_indices_name_the_range(model):

@@ -109,7 +109,7 @@ def run_on_ray(job, model, todo, out, shard_rows, *, workers, threads, address, 
         import ray
     except ImportError:
         raise CyformerError("engine='ray' needs Ray Data: pip install 'cyformer[ray]'") from None
-    from .run import write_shard
+    from .shards import write_shard
 
     workers, threads = _connect(address, workers, threads)
     pending = {}   # shard -> {"first", "n", "want" (rows to wait for), "results", "skipped"}

@@ -4,7 +4,7 @@ Rows are cut into shards by index (shard k: rows [k * shard_rows, (k + 1) *
 shard_rows)), so which rows a shard holds is known before anything runs.
 A shard that the manifest lists as complete is skipped; every other shard
 is computed, by this process (engine "local") or by Ray actors (engine
-"ray", cyformer.jobs.ray_engine), and written by ``write_shard`` here in
+"ray", cyformer.jobs.ray_engine), and written by ``shards.write_shard`` in
 either case, so both engines give the same bytes.
 """
 
@@ -16,7 +16,7 @@ import time
 
 from .corpus import open_corpus
 from .job import RowSkipped
-from .shards import Manifest, shard_path
+from .shards import Manifest, write_shard
 
 ENGINES = ("local", "ray")
 
@@ -56,18 +56,6 @@ def model_identity(model):
     files = sorted(f for f in os.listdir(model.path) if f.endswith(".safetensors"))
     return {"path": os.path.abspath(model.path), "config": model.config.to_dict(),
             "weights": [[f, os.path.getsize(os.path.join(model.path, f))] for f in files]}
-
-
-def write_shard(job, out, index, first_row, n_rows, results, skipped):
-    """Write shard ``index`` from its results [(row, result)] (any order) and
-    skipped rows; -> its manifest record."""
-    results = sorted(results, key=lambda item: item[0])
-    skipped = sorted(skipped)
-    path = shard_path(out, job.stem, index, job.ext)
-    nbytes, extra = job.write(results, path)
-    return {"index": index, "file": os.path.basename(path), "rows": [first_row, first_row + n_rows],
-            "documents": len(results), "tokens": sum(job.tokens(r) for _, r in results),
-            "skipped": [list(s) for s in skipped], "bytes": nbytes, **extra}
 
 
 def run_row(job, model, row):

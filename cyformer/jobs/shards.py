@@ -409,3 +409,15 @@ def _empty_table(manifest):
 def open_output(out, mmap=False):
     """Open a job's output directory (see JobOutput)."""
     return JobOutput(os.fspath(out), mmap=mmap)
+
+
+def write_shard(job, out, index, first_row, n_rows, results, skipped):
+    """Write shard ``index`` from its results [(row, result)] (any order) and
+    skipped rows; -> its manifest record."""
+    results = sorted(results, key=lambda item: item[0])
+    skipped = sorted(skipped)
+    path = shard_path(out, job.stem, index, job.ext)
+    nbytes, extra = job.write(results, path)
+    return {"index": index, "file": os.path.basename(path), "rows": [first_row, first_row + n_rows],
+            "documents": len(results), "tokens": sum(job.tokens(r) for _, r in results),
+            "skipped": [list(s) for s in skipped], "bytes": nbytes, **extra}

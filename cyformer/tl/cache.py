@@ -15,7 +15,13 @@ The stacks are what TransformerLens returns:
                         TransformerLens, so use it with weights processed by fold_ln
                         or with directions that include the gain
     logit_attrs         (apply_ln_to_stack(stack) * W_U[:, token]).sum(-1)
+
+The arrays are kept as NumPy; what the cache hands out (entries, stacks) is
+in the wrapper's kind (cyformer.tl.arrays): torch tensors viewing the same
+buffers on the torch surface.
 """
+
+import functools
 
 import numpy as np
 
@@ -66,12 +72,27 @@ def _apply_slice(x, sl, axis):
     return x[tuple(full)]
 
 
+def _kinds(method):
+    """A method that computes in NumPy and hands out the wrapper's kind:
+    array arguments (tensors too) in as NumPy, the array result out."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **options):
+        args = [self._np(a) if hasattr(a, "shape") else a for a in args]
+        options = {k: self._np(v) if hasattr(v, "shape") else v for k, v in options.items()}
+        out = method(self, *args, **options)
+        if isinstance(out, tuple):
+            return (self._out(out[0]),) + out[1:]
+        return self._out(out)
+    return wrapper
+
+
 class ActivationCache(_NameCache):
     """name -> activation, with TransformerLens's shorthand keys and methods.
 
     ``cache["pattern", 0]``, ``cache["resid_post", -1]`` and ``cache["k6"]``
-    resolve through get_act_name.  ``model`` is the cyformer Model that
-    produced it; ``has_batch_dim`` whether the arrays start with a batch axis.
+    resolve through get_act_name.  ``model`` is the cyformer.tl wrapper
+    (HookedTransformer / TransformerBridge) that produced it; ``has_batch_dim``
+    whether the arrays start with a batch axis.
     """
 
     def __init__(self, cache_dict=(), model=None, has_batch_dim=True):
@@ -81,12 +102,34 @@ class ActivationCache(_NameCache):
 
     @property
     def cache_dict(self):
-        return self
+        return {k: self[k] for k in self}
 
     def __repr__(self):
         return f"ActivationCache with keys {list(self.keys())}"
 
+    def _out(self, x):
+        return x if self.model is None else self.model.arrays.out(x)
+
+    def _np(self, x):
+        return np.asarray(x) if self.model is None else self.model.arrays.numpy(x, "ActivationCache")
+
+    def _cfg(self):
+        return self.model.model.config
+
+    def values(self):
+        return [self[k] for k in self]
+
+    def items(self):
+        return [(k, self[k]) for k in self]
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
     def __getitem__(self, key):
+        return self._out(self._get(key))
+
+    def _get(self, key):
+        """The NumPy array behind a key."""
         if isinstance(key, str):
             if dict.__contains__(self, key):
                 return dict.__getitem__(self, key)
@@ -101,7 +144,7 @@ class ActivationCache(_NameCache):
     def _n_layers(self):
         if self.model is None:
             raise ValueError("this cache has no model, so layer counts are unknown")
-        return self.model.config.n_layer
+        return self._cfg().n_layer
 
     def to(self, device):
         """Only the CPU exists here: ``to("cpu")`` returns the cache itself."""
@@ -119,7 +162,7 @@ class ActivationCache(_NameCache):
         """Drop the batch axis of a batch of one, in place; returns the cache."""
         if not self.has_batch_dim:
             return self
-        sizes = {v.shape[0] for v in self.values()}
+        sizes = {v.shape[0] for v in dict.values(self)}
         if sizes - {1}:
             raise ValueError(f"remove_batch_dim: the batch holds {max(sizes)} sequences, not one")
         for name in list(self.keys()):
@@ -132,7 +175,7 @@ class ActivationCache(_NameCache):
         if not self.has_batch_dim:
             raise ValueError("apply_slice_to_batch_dim: this cache has no batch axis")
         keep = not isinstance(batch_slice, (int, np.integer))
-        return ActivationCache({n: _apply_slice(v, batch_slice, 0) for n, v in self.items()},
+        return ActivationCache({n: _apply_slice(v, batch_slice, 0) for n, v in dict.items(self)},
                                self.model, has_batch_dim=keep)
 
     # -- stacks of the residual stream ----------------------------------
@@ -145,6 +188,7 @@ class ActivationCache(_NameCache):
             raise ValueError(f"layer must be in [0, {L}] or -1, got {layer}")
         return layer
 
+    @_kinds
     def accumulated_resid(self, layer=None, incl_mid=False, apply_ln=False, pos_slice=None,
                           mlp_input=False, return_labels=False):
         """The residual stream entering each layer up to ``layer`` (None/-1: all,
@@ -156,20 +200,21 @@ class ActivationCache(_NameCache):
         parts, labels = [], []
         for i in range(layer + 1):
             if i == L:
-                parts.append(self["resid_post", L - 1])
+                parts.append(self._get(("resid_post", L - 1)))
                 labels.append("final_post")
                 continue
-            parts.append(self["resid_pre", i])
+            parts.append(self._get(("resid_pre", i)))
             labels.append(f"{i}_pre")
             if (incl_mid and i < layer) or (mlp_input and i == layer):
-                parts.append(self["resid_mid", i])
+                parts.append(self._get(("resid_mid", i)))
                 labels.append(f"{i}_mid")
         stack = np.stack([_apply_slice(p, pos_slice, -2) for p in parts])
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input,
-                                           has_batch_dim=self.has_batch_dim, recompute_ln=layer == L)
+            stack = self._np(self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input,
+                                                    has_batch_dim=self.has_batch_dim, recompute_ln=layer == L))
         return (stack, labels) if return_labels else stack
 
+    @_kinds
     def decompose_resid(self, layer=None, mlp_input=False, mode="all", apply_ln=False, pos_slice=None,
                         incl_embeds=True, return_labels=False):
         """The residual stream entering ``layer`` split into what wrote it:
@@ -183,21 +228,21 @@ class ActivationCache(_NameCache):
         if incl_embeds:
             for name, label in (("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")):
                 if name in self:
-                    parts.append(self[name])
+                    parts.append(self._get((name)))
                     labels.append(label)
         for i in range(layer):
             if mode != "mlp":
-                parts.append(self["attn_out", i])
+                parts.append(self._get(("attn_out", i)))
                 labels.append(f"{i}_attn_out")
             if mode != "attn":
-                parts.append(self["mlp_out", i])
+                parts.append(self._get(("mlp_out", i)))
                 labels.append(f"{i}_mlp_out")
         if mlp_input and mode != "mlp":
-            parts.append(self["attn_out", layer])
+            parts.append(self._get(("attn_out", layer)))
             labels.append(f"{layer}_attn_out")
         stack = np.stack([_apply_slice(p, pos_slice, -2) for p in parts])
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input)
+            stack = self._np(self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input))
         return (stack, labels) if return_labels else stack
 
     def compute_head_results(self):
@@ -209,10 +254,11 @@ class ActivationCache(_NameCache):
             if name in self:
                 continue
             if W_O is None:
-                W_O = self.model.W_O
-            z = self["z", i]  # [..., H, D]
+                W_O = self._np(self.model.W_O)
+            z = self._get(("z", i))  # [..., H, D]
             dict.__setitem__(self, name, np.einsum("...hd,hdc->...hc", z, W_O[i]).astype(np.float32))
 
+    @_kinds
     def stack_head_results(self, layer=-1, return_labels=False, incl_remainder=False, pos_slice=None,
                            apply_ln=False):
         """Every head's write into the stream, heads of layers before ``layer``:
@@ -220,63 +266,67 @@ class ActivationCache(_NameCache):
         incl_remainder adds the rest of the stream (its last layer's
         resid_post minus the heads)."""
         layer = self._last_layer(layer)
-        H = self.model.config.n_head
+        H = self._cfg().n_head
         parts, labels = [], []
         if layer > 0:
             self.compute_head_results()
         for i in range(layer):
-            r = _apply_slice(self["result", i, "attn"], pos_slice, -3)  # [..., H, C]
+            r = _apply_slice(self._get(("result", i, "attn")), pos_slice, -3)  # [..., H, C]
             parts.append(np.moveaxis(r, -2, 0))
             labels += [f"L{i}H{h}" for h in range(H)]
         if parts:
             stack = np.concatenate(parts)
         else:
-            like = _apply_slice(self["hook_embed"], pos_slice, -2)
+            like = _apply_slice(self._get(("hook_embed")), pos_slice, -2)
             stack = np.zeros((0,) + like.shape, dtype=np.float32)
         if incl_remainder:
-            rest = _apply_slice(self["resid_post", layer - 1], pos_slice, -2) - stack.sum(axis=0)
+            rest = _apply_slice(self._get(("resid_post", layer - 1)), pos_slice, -2) - stack.sum(axis=0)
             stack = np.concatenate([stack, rest[None]])
             labels.append("remainder")
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice)
+            stack = self._np(self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice))
         return (stack, labels) if return_labels else stack
 
+    @_kinds
     def stack_activation(self, activation_name, layer=-1, sublayer_type=None):
         """One activation of each layer before ``layer``, stacked: [layers, ...]."""
         layer = self._last_layer(layer)
-        return np.stack([self[activation_name, i, sublayer_type] for i in range(layer)])
+        return np.stack([self._get((activation_name, i, sublayer_type)) for i in range(layer)])
 
+    @_kinds
     def get_neuron_results(self, layer, neuron_slice=None, pos_slice=None):
         """Each neuron's write at ``layer``: post * W_out[n] -> [..., F, C]."""
-        post = _apply_slice(self["post", layer], pos_slice, -2)
-        W_out = self.model.W_out[layer]
+        post = _apply_slice(self._get(("post", layer)), pos_slice, -2)
+        W_out = self._np(self.model.W_out)[layer]
         if neuron_slice is not None:
             post, W_out = _apply_slice(post, neuron_slice, -1), _apply_slice(W_out, neuron_slice, 0)
         return post[..., None] * W_out
 
+    @_kinds
     def stack_neuron_results(self, layer, pos_slice=None, neuron_slice=None, return_labels=False,
                              incl_remainder=False, apply_ln=False):
         """Every neuron's write for layers before ``layer``: [N, ..., C]."""
         layer = self._last_layer(layer)
         parts, labels = [], []
-        F = self.model.config.d_mlp
+        F = self._cfg().d_mlp
         for i in range(layer):
             parts.append(np.moveaxis(self.get_neuron_results(i, neuron_slice, pos_slice), -2, 0))
             idx = range(F) if neuron_slice is None else np.arange(F)[neuron_slice if not isinstance(
                 neuron_slice, tuple) else slice(*neuron_slice)]
             labels += [f"L{i}N{n}" for n in np.atleast_1d(idx)]
         stack = np.concatenate(parts) if parts else np.zeros(
-            (0,) + _apply_slice(self["hook_embed"], pos_slice, -2).shape, dtype=np.float32)
+            (0,) + _apply_slice(self._get(("hook_embed")), pos_slice, -2).shape, dtype=np.float32)
         if incl_remainder:
-            rest = _apply_slice(self["resid_post", layer - 1], pos_slice, -2) - stack.sum(axis=0)
+            rest = _apply_slice(self._get(("resid_post", layer - 1)), pos_slice, -2) - stack.sum(axis=0)
             stack = np.concatenate([stack, rest[None]])
             labels.append("remainder")
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice)
+            stack = self._np(self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice))
         return (stack, labels) if return_labels else stack
 
     # -- through the norms and the unembedding --------------------------
 
+    @_kinds
     def apply_ln_to_stack(self, residual_stack, layer=None, mlp_input=False, pos_slice=None,
                           batch_slice=None, has_batch_dim=True, recompute_ln=False):
         """A stack [N, ..., C] as the input of a norm: centred (layer norm) and
@@ -290,10 +340,10 @@ class ActivationCache(_NameCache):
         layer = self._last_layer(layer)
         if has_batch_dim and self.has_batch_dim:
             stack = _apply_slice(stack, batch_slice, 1)
-        cfg = self.model.config
+        cfg = self._cfg()
         if recompute_ln and layer == L:
             from ..kernels import norm
-            ln = self.model.weights.ln_f
+            ln = self.model.model.weights.ln_f
             flat = np.ascontiguousarray(stack.reshape(-1, stack.shape[-1]), dtype=np.float32)
             out = norm.norm_forward(cfg.norm, flat, ln.weight, ln.bias, cfg.norm_eps)
             return out.reshape(stack.shape)
@@ -302,11 +352,12 @@ class ActivationCache(_NameCache):
         key = "ln_final.hook_scale" if layer == L else f"blocks.{layer}.ln{2 if mlp_input else 1}.hook_scale"
         if key not in self:
             raise KeyError(f"apply_ln_to_stack needs {key!r} in the cache; run_with_cache it")
-        scale = _apply_slice(self[key], pos_slice, -2)
+        scale = _apply_slice(self._get((key)), pos_slice, -2)
         if self.has_batch_dim:
             scale = _apply_slice(scale, batch_slice, 0)
         return stack / scale
 
+    @_kinds
     def logit_attrs(self, residual_stack, tokens, incorrect_tokens=None, pos_slice=None, batch_slice=None,
                     has_batch_dim=True):
         """How much each component of a stack [N, ..., C] adds to the logits of
@@ -315,13 +366,13 @@ class ActivationCache(_NameCache):
         tokens: a str (one token), an int, or an array of ids matching the
         stack's batch/position axes.  -> [N, ...]"""
         model = self.model
-        directions = model.tokens_to_residual_directions(tokens)
+        directions = self._np(model.tokens_to_residual_directions(tokens))
         if incorrect_tokens is not None:
-            wrong = model.tokens_to_residual_directions(incorrect_tokens)
+            wrong = self._np(model.tokens_to_residual_directions(incorrect_tokens))
             if np.shape(wrong) != np.shape(directions):
                 raise ValueError(f"logit_attrs: tokens and incorrect_tokens must have one shape, got "
                                  f"{np.shape(directions)[:-1]} and {np.shape(wrong)[:-1]}")
             directions = directions - wrong
-        scaled = self.apply_ln_to_stack(residual_stack, -1, pos_slice=pos_slice, batch_slice=batch_slice,
-                                        has_batch_dim=has_batch_dim)
+        scaled = self._np(self.apply_ln_to_stack(residual_stack, -1, pos_slice=pos_slice, batch_slice=batch_slice,
+                                        has_batch_dim=has_batch_dim))
         return (scaled * directions).sum(axis=-1)
