@@ -1,12 +1,19 @@
-"""run_with_cache with every hook point: cyformer against TransformerLens.
+"""cyformer's TransformerBridge against TransformerLens 4's, torch tensors on both sides.
 
-GPT-2 small geometry with random weights (bench/weights.py), one sequence of
-T tokens, the same thread count for both (torch.set_num_threads and
-cyformer's threads).  Every point is cached on both sides with the optional
-ones switched on (use_attn_result, use_split_qkv_input, use_hook_mlp_in).
-The two run interleaved after a warm-up; the table gives medians.
+GPT-2 small geometry with random weights (bench/weights.py, with the bundled
+model's tokenizer.json beside them so the bridge boots), both booted from the
+one directory with boot_transformers and put in compatibility mode, the same
+thread count (torch.set_num_threads and cyformer's threads).  Two tasks:
 
-    python bench/transformer_lens.py [--threads 2] [--tokens 128] [--repeats 7]
+    run_with_cache   every hook point of one sequence of T tokens
+    patching sweep   for each of the 12 heads of one layer and each of T_sweep
+                     positions, run_with_hooks with that head's hook_z at that
+                     position patched from a clean run's cache (12 x T_sweep passes)
+
+The engines run interleaved after a warm-up, each task repeated; the table
+gives medians and the spread (min-max).
+
+    python bench/transformer_lens.py [--threads 2] [--tokens 128] [--sweep-tokens 16] [--repeats 5]
 """
 
 import argparse
@@ -36,47 +43,41 @@ _weights = _bench_weights()
 GPT2_SMALL, make_checkpoint = _weights.GPT2_SMALL, _weights.make_checkpoint
 
 
-def lens_model(path, torch):
-    """A HookedTransformer with the checkpoint's weights (TransformerLens's GPT-2 layout)."""
-    from safetensors.numpy import load_file
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+def boot(path, torch):
+    from transformer_lens.model_bridge import TransformerBridge as Theirs
 
-    g = GPT2_SMALL
-    L, C, H = g["n_layer"], g["n_embd"], g["n_head"]
-    D = C // H
-    cfg = HookedTransformerConfig(n_layers=L, d_model=C, n_heads=H, d_head=D, d_mlp=4 * C,
-                                  n_ctx=g["n_positions"], d_vocab=g["vocab_size"], act_fn="gelu_new",
-                                  normalization_type="LN", positional_embedding_type="standard",
-                                  original_architecture="GPT2LMHeadModel", use_attn_result=True,
-                                  use_split_qkv_input=True, use_hook_mlp_in=True)
-    t = load_file(os.path.join(path, "model.safetensors"))
-    sd = {"embed.W_E": t["wte.weight"], "pos_embed.W_pos": t["wpe.weight"],
-          "ln_final.w": t["ln_f.weight"], "ln_final.b": t["ln_f.bias"],
-          "unembed.W_U": t["wte.weight"].T.copy(), "unembed.b_U": np.zeros(g["vocab_size"], np.float32)}
-    for i in range(L):
-        h, b = f"h.{i}.", f"blocks.{i}."
-        W, bias = t[h + "attn.c_attn.weight"], t[h + "attn.c_attn.bias"]
-        for j, n in enumerate("QKV"):
-            sd[b + f"attn.W_{n}"] = W[:, j * C:(j + 1) * C].reshape(C, H, D).transpose(1, 0, 2).copy()
-            sd[b + f"attn.b_{n}"] = bias[j * C:(j + 1) * C].reshape(H, D).copy()
-        sd.update({b + "attn.W_O": t[h + "attn.c_proj.weight"].reshape(H, D, C),
-                   b + "attn.b_O": t[h + "attn.c_proj.bias"],
-                   b + "ln1.w": t[h + "ln_1.weight"], b + "ln1.b": t[h + "ln_1.bias"],
-                   b + "ln2.w": t[h + "ln_2.weight"], b + "ln2.b": t[h + "ln_2.bias"],
-                   b + "mlp.W_in": t[h + "mlp.c_fc.weight"], b + "mlp.b_in": t[h + "mlp.c_fc.bias"],
-                   b + "mlp.W_out": t[h + "mlp.c_proj.weight"], b + "mlp.b_out": t[h + "mlp.c_proj.bias"]})
-    model = HookedTransformer(cfg)
-    model.load_state_dict({k: torch.as_tensor(np.ascontiguousarray(v)) for k, v in sd.items()}, strict=False)
-    return model.eval()
+    from cyformer.tl import TransformerBridge as Ours
+
+    theirs = Theirs.boot_transformers(path, device="cpu")
+    theirs.enable_compatibility_mode(disable_warnings=True)
+    ours = Ours.boot_transformers(path, device="cpu")
+    ours.enable_compatibility_mode(disable_warnings=True)
+    return ours, theirs
+
+
+def patching_sweep(model, clean, corrupt, layer, n_heads):
+    """Logit difference after patching each head's clean hook_z at each position: [H, T]."""
+    _, clean_cache = model.run_with_cache(clean, names_filter=[f"blocks.{layer}.attn.hook_z"])
+    out = []
+    for head in range(n_heads):
+        for pos in range(clean.shape[1]):
+            def patch(z, hook):
+                z[:, pos, head] = clean_cache[hook.name][:, pos, head]
+            logits = model.run_with_hooks(corrupt, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", patch)])
+            out.append(float(logits[0, -1, 1] - logits[0, -1, 2]))
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--sweep-tokens", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "cyformer-bench-gpt2-small"))
     args = ap.parse_args()
+
+    import shutil
 
     import torch
 
@@ -84,40 +85,49 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     path = make_checkpoint(args.dir, **GPT2_SMALL)
-    ours = cyformer.load(path, threads=args.threads)
-    ours.set_use_split_qkv_input(True)
-    ours.set_use_hook_mlp_in(True)
-    ours.set_ln_normalized("before_gain")  # what TransformerLens 3.x records
-    lens = lens_model(path, torch)
-    ids = np.random.default_rng(0).integers(0, GPT2_SMALL["vocab_size"], size=(1, args.tokens))
-    tokens = torch.as_tensor(ids)
+    shutil.copy(os.path.join(cyformer.loader.default_model_path(), "tokenizer.json"), path)
+    ours, theirs = boot(path, torch)
+    rng = np.random.default_rng(0)
+    ids = torch.as_tensor(rng.integers(0, GPT2_SMALL["vocab_size"], size=(1, args.tokens)))
+    clean = torch.as_tensor(rng.integers(0, GPT2_SMALL["vocab_size"], size=(1, args.sweep_tokens)))
+    corrupt = clean.clone()
+    corrupt[0, 3] = (corrupt[0, 3] + 7) % GPT2_SMALL["vocab_size"]
+    H = GPT2_SMALL["n_head"]
 
-    def run_ours():
-        return ours.run_with_cache(ids)
+    engines = {"ours": ours, "theirs": theirs}
+    tasks = {
+        "run_with_cache": {k: (lambda e=e: e.run_with_cache(ids)) for k, e in engines.items()},
+        "patching sweep": {k: (lambda e=e: patching_sweep(e, clean, corrupt, 5, H)) for k, e in engines.items()},
+    }
 
-    def run_lens():
-        return lens.run_with_cache(tokens)
-
-    (l1, c1), (l2, c2) = run_ours(), run_lens()  # warm-up, and the two agree
-    assert list(c1.keys()) == list(c2.keys()), "the caches name different points"
-    # ln1 points differ in shape with split inputs (TransformerLens: one per head)
-    worst = max(float(np.nanmax(np.abs(np.nan_to_num(c1[n]) - np.nan_to_num(c2[n].numpy()))))
-                for n in c1.keys() if ".ln1." not in n)
-    times = {"cyformer": [], "TransformerLens": []}
+    # warm-up, and the two agree
+    (l1, c1), (l2, c2) = tasks["run_with_cache"]["ours"](), tasks["run_with_cache"]["theirs"]()
+    common = [n for n in c2.keys() if n in c1 and n not in ("embed.hook_in", "pos_embed.hook_in")]
+    worst = max(float((c1[n].float() - c2[n].float()).abs().max()) for n in common)
+    s1, s2 = tasks["patching sweep"]["ours"](), tasks["patching sweep"]["theirs"]()
+    worst_sweep = float(np.max(np.abs(np.array(s1) - np.array(s2))))
+    times = {(t, e): [] for t in tasks for e in engines}
     for _ in range(args.repeats):
-        for name, fn in (("cyformer", run_ours), ("TransformerLens", run_lens)):
-            t0 = time.perf_counter()
-            out = fn()
-            times[name].append(time.perf_counter() - t0)
-            del out
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"run_with_cache, every hook point ({len(c1)} arrays), GPT-2 small geometry, T={args.tokens}, "
-          f"{args.threads} threads, median of {args.repeats} (interleaved); largest difference {worst:.2e}")
-    print("| engine | seconds | vs TransformerLens |")
-    print("|---|---|---|")
-    for k in ("cyformer", "TransformerLens"):
-        print(f"| {k} | {med[k]:.3f} | {med['TransformerLens'] / med[k]:.2f}x |")
+        for t in tasks:
+            for e in engines:
+                t0 = time.perf_counter()
+                out = tasks[t][e]()
+                times[t, e].append(time.perf_counter() - t0)
+                del out
+    print(f"GPT-2 small geometry, {args.threads} threads, medians of {args.repeats} interleaved repeats (min-max)")
+    print(f"run_with_cache: T={args.tokens}, {len(c1)} names cached by cyformer, {len(c2)} by the bridge, "
+          f"largest difference over the {len(common)} shared names {worst:.1e}")
+    print(f"patching sweep: {H} heads x {args.sweep_tokens} positions of blocks.5.attn.hook_z = "
+          f"{H * args.sweep_tokens} passes, largest logit-difference gap {worst_sweep:.1e}")
+    print("| task | cyformer s | TransformerLens 4 bridge s | speedup |")
+    print("|---|---|---|---|")
+    for t in tasks:
+        a, b = times[t, "ours"], times[t, "theirs"]
+        print(f"| {t} | {statistics.median(a):.3f} ({min(a):.3f}-{max(a):.3f}) | "
+              f"{statistics.median(b):.3f} ({min(b):.3f}-{max(b):.3f}) | "
+              f"{statistics.median(b) / statistics.median(a):.2f}x |")
 
 
 if __name__ == "__main__":

@@ -194,7 +194,8 @@ FLAGS = {"hook_attn_in": "use_attn_in", "hook_q_input": "use_split_qkv_input",
 def _hint(name, options, every):
     tail = name.rsplit(".", 1)[-1]
     if tail in FLAGS and not getattr(options, FLAGS[tail]):
-        return f"it exists with the hook option {FLAGS[tail]}=True (model.set_{FLAGS[tail]}(True))"
+        return (f"it exists with the hook option {FLAGS[tail]}=True (a Model's hook_options; "
+                f"cyformer.tl's set_{FLAGS[tail]}(True))")
     return unknown_name_hint(name, every)
 
 
@@ -219,8 +220,8 @@ def unknown_name_hint(name, every):
 class HookPoint:
     """One named point, as TransformerLens hands it to a hook: ``name``,
     ``layer()`` and ``ctx`` (a dict that lives as long as the model, for
-    hooks to keep state in; ``model.reset_hooks()`` clears it).  Hooks
-    added with ``model.add_hook`` sit in ``fwd_hooks``."""
+    hooks to keep state in; cyformer.tl's ``reset_hooks()`` clears it).
+    Hooks added with cyformer.tl's ``add_hook`` sit in ``fwd_hooks``."""
 
     def __init__(self, name):
         self.name = name
