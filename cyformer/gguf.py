@@ -727,19 +727,15 @@ def read_generation(f, cfg):
     return GenerationConfig(eos_token_ids=ids or None, source=f.path)
 
 
-def load(path, dtype=None, threads=None, backend="cython"):
-    """A GGUF file -> Model (cyformer.load calls this for a GGUF path)."""
-    from .model import Model
-
+def read(path, dtype=None):
+    """A GGUF file -> (config, weights, tokenizer, generation config, tensor table):
+    what cyformer.load builds a Model from for a GGUF path (the loader sits
+    above both this module and the Model)."""
     f = open_gguf(path)
     cfg = read_config(f)
     weights = load_weights(f, cfg, dtype)
     tokenizer = read_tokenizer(f, cfg.vocab_size)
-    model = Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend,
-                  generation_config=read_generation(f, cfg))
-    model.gguf_tensors = tensor_table(f, cfg, dtype)  # cyformer info: per tensor kind
-    model.load_dtype = dtype  # pickling loads the file again the same way
-    return model
+    return cfg, weights, tokenizer, read_generation(f, cfg), tensor_table(f, cfg, dtype)
 
 
 # -- writing ----------------------------------------------------------------

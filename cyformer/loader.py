@@ -5,7 +5,7 @@ import os
 from . import hub
 from .config import read_config
 from .errors import ModelLoadError
-from .gguf import is_gguf as gguf_file, load as load_gguf
+from .gguf import is_gguf as gguf_file, read as read_gguf
 from .model import Model
 from .model_files import read_generation_config
 from .tokenizer import load_tokenizer
@@ -65,7 +65,12 @@ def load(path: "str | os.PathLike | None" = None, *, threads: "int | None" = Non
     if os.path.isfile(path) and (path.endswith(".gguf") or gguf_file(path)):  # llama.cpp's format
         if any(processing.values()):
             raise ValueError("load: weight processing is not available for a GGUF file")
-        return load_gguf(path, dtype=dtype, threads=threads, backend=backend)
+        cfg, weights, tokenizer, generation, tensors = read_gguf(path, dtype)
+        model = Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend,
+                      generation_config=generation, reload=reload)
+        model.gguf_tensors = tensors  # cyformer info: per tensor kind
+        model.load_dtype = dtype  # pickling loads the file again the same way
+        return model
     path = hub.resolve(path)  # a Hub name ("owner/name") -> its cached snapshot
     if not os.path.isdir(path):
         hint = ""

@@ -345,7 +345,9 @@ def test_chat_template_rendering_is_bounded(template, what, monkeypatch):
                                         (99, IndexError), ([0, 99], IndexError), ([0.5], TypeError),
                                         (slice(0, 2, 0), TypeError), (True, TypeError)])
 def test_cache_slices_are_checked(model, bad, error):
-    _, cache = model.run_with_cache(model.encode("x = 1"))
+    from cyformer.tl import HookedTransformer
+
+    _, cache = HookedTransformer(model).run_with_cache(model.encode("x = 1"))
     with pytest.raises(error, match="slice"):
         cache.accumulated_resid(pos_slice=bad)
     assert cache.accumulated_resid(pos_slice=[0, -1]).shape[-2] == 2

@@ -32,9 +32,14 @@ from .corpus import Corpus, CorpusError, Row, open_corpus
 from .completion import Generate
 from .run import Summary, run_job
 from .scoring import Score
-from .shards import JobOutput, JobOutputError, RowView, open_output as open  # noqa: A001
+from .shards import JobOutput, JobOutputError, RowView, open_output
 
 JOBS = {job.name: job for job in (Score, Generate, Collect)}
+
+
+def open(out, mmap=False):  # noqa: A001  jobs.open, as the docs spell it
+    """Open a job's output directory (see JobOutput)."""
+    return open_output(out, mmap=mmap, jobs=JOBS)
 
 __all__ = ["score", "generate", "collect", "open", "Summary", "JobOutput", "RowView", "Corpus",
            "CorpusError", "JobOutputError", "Row", "open_corpus"]

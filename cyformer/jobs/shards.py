@@ -315,7 +315,8 @@ class JobOutput:
     RowView), ``shard(k)`` and, for Parquet outputs, ``table()``.
     """
 
-    def __init__(self, out, mmap=False):
+    def __init__(self, out, mmap=False, jobs=None):
+        self.jobs = jobs  # job name -> job class (cyformer.jobs.JOBS): an empty table's columns
         path = _manifest_path(out)
         if not os.path.exists(path):
             raise JobOutputError(f"{out}: no {MANIFEST}; not the output of a cyformer job")
@@ -376,7 +377,7 @@ class JobOutput:
             import pyarrow.parquet as pq
             tables = [pq.read_table(self._file(r)) for r in self._records]
             # no shards (an empty corpus): the job's columns with no rows
-            self._cache["table"] = pa.concat_tables(tables) if tables else _empty_table(self.manifest)
+            self._cache["table"] = pa.concat_tables(tables) if tables else _empty_table(self.manifest, self.jobs or {})
         return self._cache["table"]
 
     def __getitem__(self, name):
@@ -395,20 +396,18 @@ class JobOutput:
         return RowView(parts) if self.mmap else np.concatenate(parts)
 
 
-def _empty_table(manifest):
+def _empty_table(manifest, jobs):
     """The table of a Parquet job's output that has no rows."""
-    from . import JOBS
-
     ident = manifest["identity"]
-    job = JOBS.get(ident["job"])
+    job = jobs.get(ident["job"])
     if job is None:
         raise JobOutputError(f"unknown job {ident['job']!r:.100} in the manifest")
     return job.from_params(ident.get("params") or {}).table([])
 
 
-def open_output(out, mmap=False):
+def open_output(out, mmap=False, jobs=None):
     """Open a job's output directory (see JobOutput)."""
-    return JobOutput(os.fspath(out), mmap=mmap)
+    return JobOutput(os.fspath(out), mmap=mmap, jobs=jobs)
 
 
 def write_shard(job, out, index, first_row, n_rows, results, skipped):
