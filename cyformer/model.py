@@ -207,6 +207,10 @@ class Model:
         if not self.backend.supports_hooks:
             raise ValueError(f"{fn}: the {self.backend.name!r} backend has no hook points; "
                              "load the model with backend='cython'")
+        if not isinstance(hooks, HookPoints):
+            raise TypeError(f"{fn}: hooks must be a cyformer.hooks.HookPoints, got {type(hooks).__name__}")
+        if not isinstance(fn, str):
+            raise TypeError(f"run_hooked: fn must be the caller's name (a str), got {type(fn).__name__}")
         if isinstance(ids, str):
             ids = self.tokenizer.encode(ids, add_special_tokens=True)
         batch, batched = _checks.check_ids(ids, self.config, fn)
