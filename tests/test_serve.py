@@ -449,3 +449,8 @@ def test_processed_logprobs_mode(model):
     got = r.choices[0].logprobs.token_logprobs
     assert got == pytest.approx([t.logprob for t in ref.logprobs], abs=1e-9)
     assert got != pytest.approx([t.logprob for t in raw.logprobs], abs=1e-3)
+
+
+def test_more_generations_than_the_queue_holds_is_a_400(server):
+    r = post(server, "/v1/completions", {"model": NAME, "prompt": ["x"] * 100, "n": 100, "max_tokens": 1})
+    assert r.status_code == 400 and "--max-queue" in r.json()["error"]["message"]

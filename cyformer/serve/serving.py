@@ -140,6 +140,7 @@ class OpenAIServing:
             raise bad("best_of", f"'best_of' ({best_of}) must be at least 'n' ({req.n})")
         if best_of > req.n and req.stream:
             raise bad("best_of", "'best_of' above 'n' cannot be streamed (the best are known only at the end)")
+        self._fits(len(prompts) * best_of)
         want_lp = req.logprobs is not None
         rank = best_of > req.n  # best_of ranks candidates by their mean token logprob
         gens = []
@@ -168,6 +169,7 @@ class OpenAIServing:
         if req.top_logprobs and not req.logprobs:
             raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
         top = req.top_logprobs or 0
+        self._fits(req.n)
         gens = []
         for j in range(req.n):
             r = self._request(req, max_tokens, req.logprobs, top, j)
@@ -219,10 +221,14 @@ class OpenAIServing:
         path = self.model.path
         return message.replace(path, self.model_name) if path else message
 
-    def submit(self, gens, sinks):
-        if len(gens) > self.engine.max_queue:  # never admittable: a client fault, not a busy server
-            raise bad("n", f"this request needs {len(gens)} generations (prompts x n, or best_of); the queue "
+    def _fits(self, n):
+        """Refuse, before building any Generation, a request of more than the queue ever admits."""
+        if n > self.engine.max_queue:  # never admittable: a client fault, not a busy server
+            raise bad("n", f"this request needs {n} generations (prompts x n, or best_of); the queue "
                            f"holds {self.engine.max_queue} (--max-queue), so it can never be admitted")
+
+    def submit(self, gens, sinks):
+        self._fits(len(gens))
         try:
             return self.engine.submit(gens, sinks)
         except EngineBusy as e:
