@@ -1,7 +1,8 @@
-"""cyformer: GPT-2-style transformer inference on the CPU, in Cython + OpenMP.
+"""cyformer: transformer inference on the CPU (GPT-2 and the Llama family:
+Llama, Mistral, Qwen2, SmolLM), in Cython + OpenMP.
 
     import cyformer
-    model = cyformer.load("path/to/gpt2")      # a Hugging Face GPT-2 directory
+    model = cyformer.load("path/to/model")     # a Hugging Face checkpoint directory or a GGUF file
     logits = model.forward([464, 3290, 318])   # [T, vocab] float32
 """
 
