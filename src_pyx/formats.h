@@ -346,6 +346,98 @@ static void cyf_i8q_gemv_block_vnni(float *partial, const float *x, const cyf_wt
 }
 
 
+/* cyf_i8q_gemv_block_vnni for nr rows of x (the batched decode step): each
+ * interleaved group of 4 weight rows serves up to 4 rows of x from
+ * registers; every row's arithmetic is the one-row kernel's, so its
+ * partial sums are the same bits. */
+__attribute__((target("avx512vnni")))
+static void cyf_i8q_gemv_block_rows_vnni(float *partial, ptrdiff_t ldp, const float *x, ptrdiff_t ldx, int nr,
+                                         const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw)
+{
+    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB;
+    if (nblk == 0 || cw <= 0 || nr <= 0) {
+        for (int r = 0; r < nr; r++)
+            for (ptrdiff_t j = 0; j < cw; j++)
+                partial[r * ldp + j] = 0.0f;
+        return;
+    }
+    const signed char *Wd = (const signed char *)W->data + k0 * ld + c0;
+    signed char q[nr * nblk * CYF_QB];
+    float d[nr * nblk];
+    int bsum[nr * nblk], sum4[nblk * (CYF_QB / 4)];
+    for (int r = 0; r < nr; r++) {
+        cyf_q8_row(x + r * ldx + k0, kb, q + r * nblk * CYF_QB, d + r * nblk, sum4);
+        for (ptrdiff_t b = 0; b < nblk; b++) {
+            bsum[r * nblk + b] = 0;
+            for (int l = 0; l < CYF_QB / 4; l++)
+                bsum[r * nblk + b] += sum4[b * (CYF_QB / 4) + l];
+        }
+    }
+    for (ptrdiff_t k = 0; k < kb; k++)
+        for (ptrdiff_t j = 0; j < cw; j += 64)
+            __builtin_prefetch(Wd + k * ld + j, 0, 2);
+    const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    ptrdiff_t j = 0;
+    for (; j + 64 <= cw; j += 64)
+        for (ptrdiff_t b = 0; b < nblk; b++) {
+            const ptrdiff_t kn = kb - b * CYF_QB < CYF_QB ? kb - b * CYF_QB : CYF_QB;
+            for (int r0 = 0; r0 < nr; r0 += 4) {
+                const int m = nr - r0 < 4 ? nr - r0 : 4;
+                __m512i e[4], f[4], g[4], h[4];
+                for (int r = 0; r < 4; r++)
+                    e[r] = f[r] = g[r] = h[r] = zero;
+                for (ptrdiff_t kk = 0; kk < kn; kk += 4) {
+                    const signed char *w = Wd + (b * CYF_QB + kk) * ld + j;
+                    const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(w), flip);
+                    const __m512i w1 = kk + 1 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + ld), flip) : zero;
+                    const __m512i w2 = kk + 2 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + 2 * ld), flip) : zero;
+                    const __m512i w3 = kk + 3 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + 3 * ld), flip) : zero;
+                    const __m512i lo01 = _mm512_unpacklo_epi8(w0, w1), hi01 = _mm512_unpackhi_epi8(w0, w1);
+                    const __m512i lo23 = _mm512_unpacklo_epi8(w2, w3), hi23 = _mm512_unpackhi_epi8(w2, w3);
+                    const __m512i ve = _mm512_unpacklo_epi16(lo01, lo23), vf = _mm512_unpackhi_epi16(lo01, lo23);
+                    const __m512i vg = _mm512_unpacklo_epi16(hi01, hi23), vh = _mm512_unpackhi_epi16(hi01, hi23);
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) {
+                        if (r < m) {
+                            int q4;
+                            memcpy(&q4, q + ((r0 + r) * nblk + b) * CYF_QB + kk, 4);
+                            const __m512i qq = _mm512_set1_epi32(q4);
+                            e[r] = _mm512_dpbusd_epi32(e[r], ve, qq);
+                            f[r] = _mm512_dpbusd_epi32(f[r], vf, qq);
+                            g[r] = _mm512_dpbusd_epi32(g[r], vg, qq);
+                            h[r] = _mm512_dpbusd_epi32(h[r], vh, qq);
+                        }
+                    }
+                }
+                for (int r = 0; r < m; r++) {
+                    float *pr = partial + (r0 + r) * ldp + j;
+                    const __m512i t0 = _mm512_shuffle_i32x4(e[r], f[r], 0x44), t1 = _mm512_shuffle_i32x4(g[r], h[r], 0x44);
+                    const __m512i t2 = _mm512_shuffle_i32x4(e[r], f[r], 0xEE), t3 = _mm512_shuffle_i32x4(g[r], h[r], 0xEE);
+                    const __m512i c = _mm512_set1_epi32(bsum[(r0 + r) * nblk + b]);
+                    const __m512 db = _mm512_set1_ps(d[(r0 + r) * nblk + b]);
+                    const __m512 z = _mm512_setzero_ps();
+                    const __m512 a0 = b ? _mm512_loadu_ps(pr) : z, a1 = b ? _mm512_loadu_ps(pr + 16) : z;
+                    const __m512 a2 = b ? _mm512_loadu_ps(pr + 32) : z, a3 = b ? _mm512_loadu_ps(pr + 48) : z;
+                    _mm512_storeu_ps(pr, _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(
+                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0x88), c)), a0));
+                    _mm512_storeu_ps(pr + 16, _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(
+                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0xDD), c)), a1));
+                    _mm512_storeu_ps(pr + 32, _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(
+                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0x88), c)), a2));
+                    _mm512_storeu_ps(pr + 48, _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(
+                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0xDD), c)), a3));
+                }
+            }
+        }
+    if (j < cw) {  /* the last columns row by row through the generic loops, as the one-row kernel */
+        cyf_wt rest = *W;
+        rest.data = (const signed char *)W->data + j;
+        float tmp[cw - j];
+        for (int r = 0; r < nr; r++)
+            cyf_i8q_gemv_block_generic(partial + r * ldp + j, x + r * ldx, &rest, k0, kb, c0, cw - j, 0, tmp);
+    }
+}
+
 /* int4 with AVX512-VNNI: 4 row pairs interleaved as int8's 4 rows give each
  * lane 4 bytes of one output, i.e. inputs 2P .. 2P + 7 of 4 pairs; the low
  * nibbles are inputs 2P, 2P+2, 2P+4, 2P+6 and the high ones the odd inputs,
@@ -468,6 +560,7 @@ static inline int cyf_formats_select(int features)
     if (CYF_HAVE_VNNI_KERNELS && (features & 1)) {
 #if CYF_HAVE_VNNI_KERNELS
         i8->gemv_block = cyf_i8q_gemv_block_vnni;
+        i8->gemv_block_rows = cyf_i8q_gemv_block_rows_vnni;
         i8->kernels = "[K, N]: int8 activations, AVX512-VNNI vpdpbusd; [N, K]: widened to float32, FMA";
         i4->gemv_block = cyf_i4q_gemv_block_vnni;
         i4->kernels = "[K, N]: int8 activations, AVX512-VNNI vpdpbusd; [N, K]: widened to float32, FMA";
@@ -475,6 +568,7 @@ static inline int cyf_formats_select(int features)
         return 1;
     }
     i8->gemv_block = cyf_i8q_gemv_block_generic;
+    i8->gemv_block_rows = NULL;
     i8->kernels = "[K, N]: int8 activations, generic integer loops; [N, K]: widened to float32, FMA";
     i4->gemv_block = cyf_i4q_gemv_block_generic;
     i4->kernels = i8->kernels;
