@@ -200,6 +200,10 @@ def _serve_args(sub):
                         f"running replies (default: {PREFILL_CHUNK})")
     s.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_MB, metavar="MB",
                    help=f"memory for cached prompt keys/values; 0 turns the cache off (default: {DEFAULT_MB})")
+    s.add_argument("--kv-cache-mb", type=float, default=None, metavar="MB",
+                   help="memory for the running sequences' keys/values; when it is full, requests wait "
+                        "and running ones are preempted and recomputed later (default: a quarter of "
+                        "the machine's memory)")
     s.add_argument("--grace", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, seconds running requests get to finish (default: 30)")
     s.add_argument("--max-prompts", type=_positive_int, default=256, metavar="P",
@@ -215,15 +219,20 @@ def cmd_serve(args):
 
     if args.prefix_cache_mb < 0:
         raise ValueError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    if args.kv_cache_mb is not None and not args.kv_cache_mb > 0:
+        raise ValueError(f"--kv-cache-mb must be > 0, got {args.kv_cache_mb}")
     model = _load(args)
     api_key = args.api_key if args.api_key is not None else os.environ.get(serve.API_KEY_ENV) or None
     app = serve.create_app(model, model_name=args.model_name, api_key=api_key, grace=args.grace,
                            max_batch=args.max_batch, max_queue=args.max_queue,
                            prefill_chunk=args.prefill_chunk, prefix_cache_mb=args.prefix_cache_mb,
-                           max_prompts=args.max_prompts, logprobs_mode=args.logprobs_mode)
+                           max_prompts=args.max_prompts, logprobs_mode=args.logprobs_mode,
+                           kv_cache_mb=args.kv_cache_mb)
     name = app.state.cyformer.model_name
+    kv_mb = app.state.cyformer.engine.scheduler.kv_budget / 2**20
     print(f"[cyformer] serving {name!r} on http://{args.host}:{args.port}/v1 "
-          f"(batch {args.max_batch}, queue {args.max_queue}, prefix cache {args.prefix_cache_mb:g} MB"
+          f"(batch {args.max_batch}, queue {args.max_queue}, KV cache {kv_mb:g} MB, "
+          f"prefix cache {args.prefix_cache_mb:g} MB"
           f"{', API key required' if api_key else ''})", file=sys.stderr)
     import signal
 
@@ -374,6 +383,7 @@ def cmd_chat(args):
 def cmd_info(args):
     import cyformer
 
+    from .engine import default_kv_cache_mb
     from .prefix_cache import DEFAULT_MB
 
     model = _load(args)
@@ -391,6 +401,7 @@ def cmd_info(args):
         "dtype": model.dtype,
         "tokenizer": model.tokenizer.available,
         "prefix_cache_mb": DEFAULT_MB,  # cyformer serve's default (--prefix-cache-mb)
+        "kv_cache_mb": round(default_kv_cache_mb()),  # cyformer serve's default (--kv-cache-mb)
         "kv_bytes_per_position": 2 * cfg.n_layer * cfg.n_kv_head * cfg.d_head * 4,
         "build": cyformer.build_info(),
     }
@@ -409,7 +420,8 @@ def cmd_info(args):
         print(f"gguf        {kind:<18} {t['file']} -> {t['runs']}")
     per = info["kv_bytes_per_position"]
     print(f"kv cache    {per / 1024:.1f} KB per position; serve's prefix cache {DEFAULT_MB} MB "
-          f"(--prefix-cache-mb) holds {DEFAULT_MB * 2**20 // per:,} positions")
+          f"(--prefix-cache-mb) holds {DEFAULT_MB * 2**20 // per:,} positions, its KV budget "
+          f"{info['kv_cache_mb']} MB (--kv-cache-mb) {info['kv_cache_mb'] * 2**20 // per:,}")
     print("config      " + json.dumps(info["config"]))
     b = info["build"]
     print(f"build       cyformer {b['version']}, kernels {b['isa']} {' '.join(b['isa_flags'])} "

@@ -14,6 +14,15 @@ and with them its tokens, are those of ``Model.generate`` on the prompt alone.
 With a PrefixCache, a prompt that starts like an earlier one copies those
 keys and values and prefills only the rest.
 
+KV memory is a budget (``kv_cache_mb``): a sequence's cache grows with the
+tokens it holds (kv_cache.py), a request is admitted only when its prompt's
+cache fits beside the running ones, and when a running sequence cannot grow
+the most recently admitted other one is preempted: its cache is dropped and
+it waits at the front of the queue, to prefill its prompt and the tokens it
+has generated so far when memory frees (vLLM's recompute preemption).  A
+preempted sequence's later tokens come from recomputed keys and values,
+which agree with the decoded ones to rounding, not bitwise.
+
 Every sampling choice is made by a per-request ``Decoding`` (generate.py)
 with its own seeded generator, so batching changes no result.
 
@@ -37,14 +46,24 @@ import numpy as np
 
 from . import _checks
 from .errors import CyformerError
-from .generate import CANCELLED, Decoding, Finished, Generation, TokenLogprob
-from .kv_cache import KVCache
+from .generate import CANCELLED, CONTEXT, Decoding, Finished, Generation, TokenLogprob
+from .kv_cache import GROW_MIN, KVCache, ROUND
 from .request import CHAT_MAX_NEW_TOKENS, NOT_GIVEN, GenerationRequest
 from .prefix_cache import DEFAULT_MB, PrefixCache
 
 MAX_BATCH = 16        # sequences decoded together
 MAX_QUEUE = 512       # requests waiting for a slot before submit() refuses more (a few KB each)
 PREFILL_CHUNK = 256   # prompt positions prefilled per step, over all new sequences
+
+
+def default_kv_cache_mb():
+    """A quarter of the machine's physical memory, in MB (4096 where it cannot be read)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4 / 2**20
+    except (ValueError, OSError, AttributeError):
+        return 4096.0
 
 
 class EngineBusy(CyformerError):
@@ -101,6 +120,8 @@ class EngineStream(Finished):
         self._cancel = threading.Event()
         self._done = threading.Event()
         self.error = None  # the exception that ended it, if one did
+        self.resume_ids = None  # after preemption: the ids to prefill again
+        self.preemptions = 0    # times its cache was dropped to be recomputed
 
     # -- the scheduler's side --
 
@@ -192,23 +213,30 @@ class EngineStream(Finished):
 
 
 class _Sequence:
-    """A stream admitted to the batch: its cache and the prompt ids not yet prefilled."""
+    """A stream admitted to the batch: its cache, the ids not yet prefilled,
+    and whether it resumes after preemption (its last logits were used already)."""
 
-    __slots__ = ("stream", "kv", "pending")
+    __slots__ = ("stream", "kv", "pending", "resumed")
 
-    def __init__(self, stream, kv, pending):
-        self.stream, self.kv, self.pending = stream, kv, pending
+    def __init__(self, stream, kv, pending, resumed=False):
+        self.stream, self.kv, self.pending, self.resumed = stream, kv, pending, resumed
 
 
 class Scheduler:
     """Admits, prefills, steps and retires sequences; not thread-safe (Engine
     drives it from one thread, Model.generate from the caller's)."""
 
-    def __init__(self, model, max_batch=MAX_BATCH, prefill_chunk=PREFILL_CHUNK, prefix_cache=None):
+    def __init__(self, model, max_batch=MAX_BATCH, prefill_chunk=PREFILL_CHUNK, prefix_cache=None,
+                 kv_cache_mb=None):
         self.model = model
         self.backend = model.backend
         self.max_batch = _positive("max_batch", max_batch)
         self.prefill_chunk = _positive("prefill_chunk", prefill_chunk)
+        if kv_cache_mb is None:
+            kv_cache_mb = default_kv_cache_mb()
+        if isinstance(kv_cache_mb, bool) or not isinstance(kv_cache_mb, (int, float)) or not kv_cache_mb > 0:
+            raise ValueError(f"Engine: kv_cache_mb must be a number of MB > 0, got {kv_cache_mb!r}")
+        self.kv_budget = int(kv_cache_mb * 2**20)
         # None: this backend's pieces are not bitwise one prefill; prefill whole.
         self.exact = self.backend.exact_chunk
         self.prefix_cache = prefix_cache if self.exact is not None else None
@@ -216,7 +244,7 @@ class Scheduler:
         self.active = []
         self.counts = {"steps": 0, "admitted": 0, "finished": 0, "cancelled": 0, "failed": 0,
                        "prompt_tokens": 0, "prefilled_tokens": 0, "generated_tokens": 0,
-                       "batched_tokens": 0}
+                       "batched_tokens": 0, "preempted": 0, "kv_peak_bytes": 0}
 
     @property
     def busy(self):
@@ -248,23 +276,101 @@ class Scheduler:
         for seq in [s for s in self.active if s.stream.cancelled]:
             self._finish(seq, CANCELLED)
 
+    def kv_bytes(self):
+        """Bytes the running sequences' caches hold."""
+        return sum(getattr(s.kv, "nbytes", 0) for s in self.active if s.kv is not None)
+
+    def kv_positions(self):
+        """Positions the running sequences' caches hold filled."""
+        return sum(s.kv.length for s in self.active if isinstance(s.kv, KVCache))
+
     def _admit(self):
         cfg = self.model.config
         while self.waiting and len(self.active) < self.max_batch:
-            stream = self.waiting.popleft()
+            stream = self.waiting[0]
             g = stream.generation
+            resumed = stream.resume_ids is not None
+            ids = stream.resume_ids if resumed else g.prompt_ids
             try:
                 kv = self.backend.new_cache(min(cfg.n_positions, g.prompt_ids.size + g.max_new_tokens))
+                if isinstance(kv, KVCache):
+                    # room for the prompt (and a little more): the rest comes as it decodes
+                    cap = min(kv.limit, -(-(ids.size + GROW_MIN // 4) // ROUND) * ROUND)
+                    need = kv.bytes_at(cap)
+                    if self.kv_bytes() + need > self.kv_budget:
+                        if self.active:
+                            return  # wait for memory, in order
+                        raise MemoryError(f"the prompt needs {need / 2**20:.1f} MB of KV cache, more than "
+                                          f"the whole budget of {self.kv_budget / 2**20:.1f} MB (kv_cache_mb)")
+                    kv.reserve(ids.size, capacity=cap)
                 reused = 0
                 if self.prefix_cache is not None and isinstance(kv, KVCache):
                     # leave at least one exact piece to prefill: its rows match a whole prefill
-                    reused = self.prefix_cache.lookup(g.prompt_ids, kv, keep=self.exact)
+                    reused = self.prefix_cache.lookup(ids, kv, keep=self.exact)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
+                self.waiting.popleft()
                 self._retire(stream, error=e)
                 continue
-            self.active.append(_Sequence(stream, kv, g.prompt_ids[reused:]))
-            self.counts["admitted"] += 1
-            self.counts["prompt_tokens"] += int(g.prompt_ids.size)
+            self.waiting.popleft()
+            self.active.append(_Sequence(stream, kv, ids[reused:], resumed))
+            self._note_kv()
+            if resumed:
+                stream.resume_ids = None
+            else:
+                self.counts["admitted"] += 1
+                self.counts["prompt_tokens"] += int(g.prompt_ids.size)
+
+    def _note_kv(self):
+        self.counts["kv_peak_bytes"] = max(self.counts["kv_peak_bytes"], self.kv_bytes())
+
+    def _make_room(self, seqs):
+        """Grow the caches of the sequences about to decode by one position,
+        within the budget, preempting the most recently admitted others when
+        it is full; returns the sequences that can step."""
+        ready = []
+        for seq in seqs:
+            kv = seq.kv
+            if seq not in self.active or not isinstance(kv, KVCache) or kv.length + 1 <= kv.capacity:
+                if seq in self.active:
+                    ready.append(seq)
+                continue
+            n = kv.length + 1
+            while True:
+                used = self.kv_bytes() - kv.nbytes
+                cap = next((c for c in (kv.grown(n), min(kv.limit, -(-n // ROUND) * ROUND))
+                            if used + kv.bytes_at(c) <= self.kv_budget), None)
+                if cap is not None:
+                    kv.reserve(n, capacity=cap)
+                    ready.append(seq)
+                    break
+                victim = next((s for s in reversed(self.active) if s is not seq), None)
+                if victim is None:
+                    # alone and still out of memory: the budget is its context
+                    seq.stream.decoding.next_token = None
+                    self._finish(seq, CONTEXT)
+                    break
+                self._preempt(victim)
+                if victim in ready:
+                    ready.remove(victim)
+        self._note_kv()
+        return ready
+
+    def _preempt(self, seq):
+        """Drop a sequence's cache and queue it first, to recompute later."""
+        g = seq.stream.generation
+        self.active.remove(seq)
+        seq.kv = None
+        stream = seq.stream
+        if stream.decoding.next_token is not None or seq.resumed:
+            # prompt + every generated token but the last, which is fed next
+            stream.resume_ids = np.concatenate([g.prompt_ids, np.array(g.tokens[:-1], dtype=np.int64)])
+        else:
+            # still prefilling its prompt: start it again from the beginning
+            self.counts["admitted"] -= 1
+            self.counts["prompt_tokens"] -= int(g.prompt_ids.size)
+        self.waiting.appendleft(stream)
+        stream.preemptions += 1
+        self.counts["preempted"] += 1
 
     def _piece(self, remaining, budget):
         """How many of ``remaining`` prompt positions to prefill now."""
@@ -286,6 +392,8 @@ class Scheduler:
                 self.counts["prefilled_tokens"] += n
                 if seq.pending.size:
                     continue
+                if seq.resumed:  # its next token was chosen before it was preempted
+                    continue
                 kv = seq.kv  # _push may retire the sequence (and drop seq.kv)
                 self._push(seq, logits)
                 # after the first token is out: copying the prompt's keys and values
@@ -301,6 +409,7 @@ class Scheduler:
 
     def _decode(self, seqs):
         seqs = [s for s in seqs if s in self.active and s.stream.decoding.next_token is not None]
+        seqs = self._make_room(seqs)
         if not seqs:
             return
         tokens = np.array([s.stream.decoding.next_token for s in seqs], dtype=np.int64)
@@ -373,17 +482,20 @@ class Engine:
     max_batch: sequences decoded together; max_queue: requests waiting for
     a slot before ``generate`` raises EngineBusy; prefill_chunk: prompt
     positions prefilled per step; prefix_cache_mb: the prefix cache's memory
-    bound (0 turns it off; only the cython backend has one).  One scheduler
+    bound (0 turns it off; only the cython backend has one); kv_cache_mb: the
+    running sequences' KV caches' memory bound (default: a quarter of the
+    machine's memory): requests wait, and running ones are preempted and
+    recomputed later, rather than exceed it.  One scheduler
     thread does all the model's work.  Use as a context manager, or call
     ``close()``.
     """
 
     def __init__(self, model, *, max_batch=MAX_BATCH, max_queue=MAX_QUEUE, prefill_chunk=PREFILL_CHUNK,
-                 prefix_cache_mb=DEFAULT_MB):
+                 prefix_cache_mb=DEFAULT_MB, kv_cache_mb=None):
         self.model = model
         self.max_queue = _positive("max_queue", max_queue)
         self.prefix_cache = PrefixCache(prefix_cache_mb) if prefix_cache_mb else None
-        self.scheduler = Scheduler(model, max_batch, prefill_chunk, self.prefix_cache)
+        self.scheduler = Scheduler(model, max_batch, prefill_chunk, self.prefix_cache, kv_cache_mb)
         self._cond = threading.Condition()
         self._incoming = []
         self._closing = False
@@ -444,10 +556,19 @@ class Engine:
 
     def stats(self):
         """Counters and gauges: queue_depth, active, steps, admitted, finished,
-        cancelled, failed, prompt/prefilled/generated tokens, prefix_cache."""
-        out = dict(self.scheduler.counts)
-        out.update(queue_depth=self.queue_depth, active=self.active, max_batch=self.scheduler.max_batch,
+        cancelled, failed, preempted, prompt/prefilled/generated tokens,
+        kv_cache (bytes, max_bytes, peak_bytes, positions), prefix_cache."""
+        sched = self.scheduler
+        out = dict(sched.counts)
+        peak = out.pop("kv_peak_bytes")
+        out.update(queue_depth=self.queue_depth, active=self.active, max_batch=sched.max_batch,
                    max_queue=self.max_queue)
+        # read from another thread while the scheduler runs: a snapshot, not a sum it holds
+        active = list(sched.active)
+        kvs = [s.kv for s in active]
+        out["kv_cache"] = {"bytes": sum(getattr(kv, "nbytes", 0) for kv in kvs if kv is not None),
+                           "positions": sum(kv.length for kv in kvs if isinstance(kv, KVCache)),
+                           "max_bytes": sched.kv_budget, "peak_bytes": peak}
         out["prefix_cache"] = self.prefix_cache.stats() if self.prefix_cache is not None else None
         return out
 

@@ -48,7 +48,7 @@ class PrefixCache:
         """Copy the longest cached prefix of ``ids`` (at most len(ids) - keep
         positions) into the empty cache ``kv``; returns the positions copied."""
         ids = np.asarray(ids, dtype=np.int64)
-        limit = min(len(ids) - keep, kv.capacity)
+        limit = min(len(ids) - keep, kv.limit)
         best, best_n = None, 0
         with self._lock:
             if limit > 0:
@@ -63,6 +63,7 @@ class PrefixCache:
             _, k, v = self._entries[best]
             self.hits += 1
             self.hit_tokens += best_n
+        kv.reserve(best_n)
         kv.k[:, :, :, :best_n] = k[:, :, :, :best_n]
         kv.v[:, :, :best_n] = v[:, :, :best_n]
         kv.length = best_n

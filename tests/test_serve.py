@@ -198,7 +198,8 @@ def test_health_and_metrics(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     text = httpx.get(server.url + "/metrics").text
     for name in ("cyformer_http_requests_total", "cyformer_generated_tokens_total", "cyformer_queue_depth",
-                 "cyformer_active_sequences", "cyformer_prefix_cache_hits_total"):
+                 "cyformer_active_sequences", "cyformer_prefix_cache_hits_total", "cyformer_kv_cache_bytes",
+                 "cyformer_kv_cache_max_bytes", "cyformer_kv_cache_positions", "cyformer_preemptions_total"):
         assert f"# TYPE {name} " in text
     assert 'cyformer_http_requests_total{endpoint="/health",status="200"}' in text
 

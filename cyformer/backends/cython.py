@@ -220,10 +220,11 @@ class CythonBackend:
         return self._local.ws
 
     def new_cache(self, capacity, reuse=False):
-        """A KV cache for ``capacity`` positions.  reuse=True: for a caller
-        that drops the cache when ``run`` returns (a plain forward); its
-        memory then comes from this thread's Workspace and is the same on
-        every such call."""
+        """A KV cache for at most ``capacity`` positions, whose arrays grow as
+        ``run`` fills it (kv_cache.py).  reuse=True: for a caller that drops
+        the cache when ``run`` returns (a plain forward); its memory then
+        comes from this thread's Workspace, whole, and is the same on every
+        such call."""
         self.positions(capacity)
         if reuse:
             return KVCache(self.config, capacity, alloc=self.workspace().array)
@@ -243,6 +244,8 @@ class CythonBackend:
         block once for all B rows."""
         caches = list(caches)
         self.positions(max((kv.length for kv in caches), default=0) + 1)
+        for kv in caches:
+            kv.reserve(kv.length + 1)
         logits = self.step.batch(tokens, [kv.k for kv in caches], [kv.v for kv in caches],
                                  [kv.length for kv in caches], self.threads)
         for kv in caches:
@@ -277,7 +280,7 @@ class CythonBackend:
         if T < self.exact_chunk:
             return forward_each(self, batch)
         threads, ws, C = self.threads, self.workspace(), self.config.n_embd
-        kvs = [KVCache(self.config, T) for _ in range(B)]
+        kvs = [KVCache(self.config, T, capacity=T) for _ in range(B)]
         resid = ws.array("resid", (B * T, C))
         for b in range(B):
             self.embed(batch[b], 0, threads, out=resid[b * T:(b + 1) * T])
@@ -293,6 +296,7 @@ class CythonBackend:
 
         hooks: a cyformer.hooks.HookPoints to run the hooked path."""
         self.positions(kv.length + len(ids))
+        kv.reserve(kv.length + len(ids))
         if hooks is not None:
             from .hooked import run_hooked
             return run_hooked(self, ids, kv, last_only, hooks)

@@ -41,6 +41,7 @@ def forward(be, ids, kv, last_only, hooks):
     """Generator: one sequence's hooked pass; returns logits [T, V] (or [1, V])."""
     cfg, w, threads = be.config, be.weights, be.threads
     past, T = kv.length, len(ids)
+    kv.reserve(past + T)
     if hooks.wants("hook_embed") or hooks.wants("hook_pos_embed"):
         resid = yield from _at(hooks, "hook_embed", w.wte.rows(ids) if isinstance(w.wte, Packed)
                                else w.wte[ids])  # a fresh copy either way

@@ -318,6 +318,15 @@ class EngineCollector:
                                  ("active_sequences", "active", "Sequences in the running batch."),
                                  ("max_batch", "max_batch", "Slots in the batch.")):
             yield GaugeMetricFamily(f"cyformer_{name}", help_, value=st[key])
+        kv = st["kv_cache"]
+        for name, key, help_ in (("kv_cache_bytes", "bytes", "Memory held by the running sequences' KV caches."),
+                                 ("kv_cache_max_bytes", "max_bytes", "The KV cache budget (--kv-cache-mb)."),
+                                 ("kv_cache_peak_bytes", "peak_bytes", "The most the KV caches have held at once."),
+                                 ("kv_cache_positions", "positions",
+                                  "Token positions held in the running sequences' KV caches.")):
+            yield GaugeMetricFamily(f"cyformer_{name}", help_, value=kv[key])
+        yield CounterMetricFamily("cyformer_preemptions", "Sequences whose KV cache was dropped for memory, "
+                                  "to be recomputed.", value=st["preempted"])
         pc = st["prefix_cache"] or {"hits": 0, "misses": 0, "hit_tokens": 0, "bytes": 0, "max_bytes": 0}
         yield CounterMetricFamily("cyformer_prefix_cache_hits", "Requests that reused a cached prefix.", value=pc["hits"])
         yield CounterMetricFamily("cyformer_prefix_cache_misses", "Requests that found no cached prefix.",
