@@ -15,6 +15,13 @@ aggregate tokens/s and time to first token (a generate of one token).
 Also: time to first token of a request whose prompt shares a --prefix-token
 prefix with an earlier one, with and without the prefix cache.
 
+With --structured [MODEL_DIR]: instead, the cost of constrained decoding
+(cyformer.structured): at 1 and 8 streams, rounds of text prompts with and
+without a JSON schema (an array of at least 200 integers, which the model goes on
+writing), interleaved and repeated, on a model with a tokenizer (default:
+the bundled one); reported: decode tokens/s (streams / ITL p50) of each and
+their ratio.  Writes bench/results/<date>-serve-structured.md.
+
 Writes bench/results/<date>-serve.md and a PNG (throughput and latency
 against concurrency), and prints the table.  Timings on a shared machine
 are only comparable within one run.
@@ -22,6 +29,7 @@ are only comparable within one run.
 
 import argparse
 import datetime
+import json
 import os
 import sys
 import threading
@@ -39,7 +47,7 @@ from cyformer.engine import Engine  # noqa: E402
 CACHE = os.environ.get("CYFORMER_BENCH_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "cyformer-bench"))
 
 
-def engine_round(model, prompts, new_tokens, prefix_cache_mb=0):
+def engine_round(model, prompts, new_tokens, prefix_cache_mb=0, **generation):
     """Submit every prompt at once; per-stream token times -> metrics."""
     times = [[] for _ in prompts]
     done = threading.Event()
@@ -63,7 +71,7 @@ def engine_round(model, prompts, new_tokens, prefix_cache_mb=0):
         from cyformer.generate import Generation
         from cyformer.request import GenerationRequest
         # random weights: ignore_eos gives always the full number of tokens
-        request = GenerationRequest(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+        request = GenerationRequest(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True, **generation)
         for p in prompts:
             gens.append(Generation(model, p, request))
         t0 = time.perf_counter()
@@ -109,6 +117,41 @@ def prefix_ttft(model, prefix, suffix_len, rng, cache_mb):
         return s.stats["time_to_first_token_s"]
 
 
+ARRAY = {"type": "array", "items": {"type": "integer"}, "minItems": 200}  # never complete within --new
+STRUCTURED_PROMPTS = ["primes = ", "data = ", "x = ", "values = ", "ids = ", "sizes = ", "rows = ", "n = "]
+
+
+def structured_overhead(args):
+    from cyformer.loader import default_model_path
+
+    model = cyformer.load(args.structured or default_model_path(), threads=args.threads)
+    res = {}
+    engine_round(model, STRUCTURED_PROMPTS[:1], 8, json_schema=ARRAY)  # warm up (the tokenizer's mask tables)
+    for _ in range(args.repeats):
+        for c in (1, 8):
+            prompts = STRUCTURED_PROMPTS[:c]
+            for kind, kw in (("free", {"token_healing": False}), ("json", {"json_schema": ARRAY})):
+                e = engine_round(model, prompts, args.new, **kw)
+                res.setdefault((c, kind), []).append(c / e["itl_p50"])
+    lines = [f"# Constrained decoding overhead, {datetime.date.today()}", "",
+             f"- model {os.path.basename(model.path)} ({model.config.vocab_size} tokens), {model.threads} threads; "
+             f"text prompts, {args.new} greedy tokens per stream, schema {json.dumps(ARRAY)} "
+             "(llguidance masks); free rounds without healing, so both start the same way",
+             f"- decode tok/s = streams / ITL p50; median (range) of {args.repeats} interleaved rounds",
+             "- the machine may be shared: compare within this run only", "",
+             "| streams | free decode tok/s | json_schema decode tok/s | overhead |", "|---|---|---|---|"]
+    for c in (1, 8):
+        f, j = sorted(res[(c, "free")]), sorted(res[(c, "json")])
+        fm, jm = float(np.median(f)), float(np.median(j))
+        lines.append(f"| {c} | {fm:.0f} ({f[0]:.0f}-{f[-1]:.0f}) | {jm:.0f} ({j[0]:.0f}-{j[-1]:.0f}) | "
+                     f"{(1 - jm / fm) * 100:.1f} % |")
+    report = "\n".join(lines) + "\n"
+    print(report)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{datetime.date.today()}-serve-structured.md"), "w") as f:
+        f.write(report)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny model, concurrency 1 and 4")
@@ -119,7 +162,12 @@ def main():
     ap.add_argument("--prefix-tokens", type=int, default=400)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--structured", nargs="?", const="", default=None, metavar="MODEL_DIR",
+                    help="measure constrained decoding's cost instead (default model: the bundled one)")
+    ap.add_argument("--repeats", type=int, default=5, help="rounds per case with --structured")
     args = ap.parse_args()
+    if args.structured is not None:
+        return structured_overhead(args)
     geometry, label = (TINY, "tiny") if args.quick else (GPT2_SMALL, "GPT-2 small")
     levels = [1, 4] if args.quick else [int(c) for c in args.concurrency.split(",")]
     if args.quick:

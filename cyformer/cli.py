@@ -263,6 +263,14 @@ def _sampling_args(p):
                    help="stop when TEXT appears (not printed); may be given several times")
     p.add_argument("--seed", type=_nonneg_int, default=None,
                    help="random seed: the same seed gives the same text")
+    p.add_argument("--no-token-healing", action="store_true",
+                   help="continue after the prompt's last token as it is, instead of letting the first "
+                        "new token re-spell it (token healing, on by default)")
+    p.add_argument("--json-schema", metavar="JSON|FILE", default=None,
+                   help="constrain the output to JSON valid for this schema (JSON text or a file; "
+                        "needs pip install 'cyformer[structured]')")
+    p.add_argument("--grammar", metavar="FILE", default=None,
+                   help="constrain the output to a Lark grammar read from FILE (llguidance's dialect)")
 
 
 def _request(args, **more):
@@ -275,6 +283,19 @@ def _request(args, **more):
                                    seed=args.seed, max_new_tokens=args.max_new_tokens, **more)
 
 
+def _structure(args):
+    """token_healing, json_schema and grammar from the command line."""
+    schema = args.json_schema
+    if schema is not None and os.path.isfile(schema):
+        with open(schema, encoding="utf-8") as f:
+            schema = f.read()
+    grammar = None
+    if args.grammar is not None:
+        with open(args.grammar, encoding="utf-8") as f:
+            grammar = f.read()
+    return dict(token_healing=False if args.no_token_healing else None, json_schema=schema, grammar=grammar)
+
+
 def _load(args):
     import cyformer
 
@@ -284,7 +305,7 @@ def _load(args):
 def cmd_generate(args):
     model = _load(args)
     # Validate every argument (by building the stream) before printing anything.
-    stream = model.stream(args.prompt, request=_request(args, truncate=args.truncate))
+    stream = model.stream(args.prompt, request=_request(args, truncate=args.truncate, **_structure(args)))
     out = sys.stdout
     if not args.no_prompt:
         out.write(args.prompt)
@@ -326,7 +347,7 @@ def cmd_chat(args):
     model = _load(args)
     ChatTemplate.of(model)  # no template: say so before reading anything
     opening = [] if args.system is None else [{"role": "system", "content": args.system}]
-    request = _request(args)
+    request = _request(args, **_structure(args))
     request.sampling(model.generation_config)  # bad values fail here, before any input is read
     out = sys.stdout
 

@@ -20,3 +20,8 @@ class ChatTemplateError(CyformerError):
 class TorchRequired(CyformerError, NotImplementedError):
     """A TransformerLens feature that needs PyTorch (gradients, backward hooks,
     devices); cyformer computes with NumPy on the CPU, forward passes only."""
+
+
+class StructuredOutputUnavailable(CyformerError, ImportError):
+    """Structured output (a JSON schema or grammar) was asked for, but llguidance
+    is not installed: pip install 'cyformer[structured]'."""

@@ -119,6 +119,20 @@ class Generation:
         ids = _checks.token_ids("generate", "prompt", prompt_ids, cfg.vocab_size, ndim=1)
         if ids.size == 0:
             raise ValueError("prompt must hold at least one token")
+        self.grammar = None  # the llguidance grammar of json_schema / grammar (structured.py)
+        if req.json_schema is not None or req.grammar is not None:
+            from .structured import grammar_text
+
+            self.grammar = grammar_text(json_schema=req.json_schema, grammar=req.grammar)
+        # token healing (healing.py): by default for a str prompt, unless logprobs
+        # (they then describe the tokens after the prompt as given) or a constraint
+        heal = req.token_healing if req.token_healing is not None else not req.logprobs
+        self.heal_text = ""  # the prompt's last token's text, backed up over
+        if heal and isinstance(prompt, str) and self.grammar is None:
+            from .healing import heal as back_up
+
+            kept, self.heal_text = back_up(model.tokenizer, ids.tolist(), cfg.vocab_size)
+            ids = np.asarray(kept, dtype=np.int64)
         self.max_new_tokens = req.max_new_tokens
         self.truncated_tokens = 0
         if req.truncate and ids.size + self.max_new_tokens > cfg.n_positions:
@@ -137,12 +151,15 @@ class Generation:
         # ignore_eos: neither the checkpoint's eos ids nor a chat template's end of turn ends it
         self.eos_ids = (frozenset() if req.ignore_eos else
                         model.generation_config.eos_ids(cfg) | frozenset(end_ids))
+        # the ids a constrained output ends with (llguidance needs them even with ignore_eos)
+        self.grammar_eos = model.generation_config.eos_ids(cfg) | frozenset(end_ids)
         has_text = self.text_mode or model.tokenizer.available
         self.stop_strings, self.stop_ids = _check_stop(req.stop, has_text, cfg.vocab_size)
         self.top_logprobs = req.top_logprobs
         if self.top_logprobs > cfg.vocab_size:
             raise ValueError(f"top_logprobs must be in [0, {cfg.vocab_size}], got {self.top_logprobs}")
         self.prompt_ids = ids
+        self.prompt_tokens = int(ids.size) + bool(self.heal_text)  # the prompt's, healed token included
         self.tokens = []
         self.logprobs = [] if req.logprobs else None  # a TokenLogprob per generated token
         self.finish_reason = None
@@ -231,8 +248,21 @@ class Decoding:
         self.sampler = Sampler(g.params)
         self.context = list(g.prompt_ids)
         self.decoder = (g.model.tokenizer.stream(skip_special_tokens=g.request.skip_special_tokens)
-                        if (g.text_mode or g.stop_strings) else None)
-        self.text, self.emitted = "", 0  # generated text so far, and how much of it was handed out
+                        if (g.text_mode or g.stop_strings or g.heal_text) else None)
+        # generated text so far (starting with the healed text, which is not
+        # handed out again), and how much of it was handed out
+        self.base = len(g.heal_text)
+        self.text, self.emitted = "", self.base
+        self.constraint = self.healing = None
+        if g.grammar is not None:
+            from .structured import Constraint
+
+            self.constraint = Constraint(g.model.tokenizer, g.model.config.vocab_size, g.grammar_eos,
+                                         g.grammar)
+        if g.heal_text:
+            from .healing import Healing, token_texts
+
+            self.healing = Healing(token_texts(g.model.tokenizer, g.model.config.vocab_size), g.heal_text)
         self.hold = max((len(s) for s in g.stop_strings), default=1) - 1
         # ids that may not be sampled before min_tokens: those that would end it
         self.enders = np.array(sorted(g.eos_ids | g.stop_ids), dtype=np.int64)
@@ -265,6 +295,10 @@ class Decoding:
         if early and self.enders.size:
             scores = np.array(logits, dtype=np.float32)
             scores[self.enders] = -np.inf
+        if self.healing is not None and self.healing.active:
+            scores = self.healing.mask(scores)
+        if self.constraint is not None:
+            scores = self.constraint.mask(scores)
         tok = self.sampler(scores, self.context, g.tokens)
         if self.t_first is None:
             self.t_first = time.perf_counter()
@@ -278,10 +312,20 @@ class Decoding:
             g.logprobs.append(self._logprob(logits, tok))
         g.tokens.append(tok)
         self.context.append(tok)
+        if self.healing is not None and self.healing.active:
+            self.healing.advance(tok)
+        if self.constraint is not None:
+            self.constraint.advance(tok)
+            if self.constraint.done:  # the output is complete: end as eos would
+                self.reason = EOS
+                if self.decoder is not None:
+                    self.text += self.decoder.push(tok)
+                return [(tok, "")]
         piece = ""
         if self.decoder is not None:
-            # a stop string ends in the new text: search from hold characters before it
-            start = max(0, len(self.text) - self.hold)
+            # a stop string ends in the new text (never in the healed text, the
+            # prompt's): search from hold characters before it
+            start = max(self.base, len(self.text) - self.hold)
             self.text += self.decoder.push(tok)
             text = self.text
             stops = g.stop_strings if len(g.tokens) >= g.request.min_tokens else ()
@@ -314,13 +358,13 @@ class Decoding:
             if self.emitted < len(self.text):
                 out.append((None, self.text[self.emitted:]))
                 self.emitted = len(self.text)
-        g.text = self.text
+        g.text = self.text[self.base:]
         g.finish_reason = self.reason
         t_end = time.perf_counter()
         t_first = self.t_first if self.t_first is not None else t_end
         n = len(g.tokens)
         g.stats = {
-            "prompt_tokens": int(g.prompt_ids.size),
+            "prompt_tokens": g.prompt_tokens,
             "truncated_tokens": g.truncated_tokens,
             "new_tokens": n,
             "time_to_first_token_s": t_first - self.t0,

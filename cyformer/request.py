@@ -12,6 +12,7 @@ and gives the Sampler its SamplingParams.
 """
 
 import dataclasses
+import json
 import math
 import numbers
 from collections.abc import Mapping
@@ -56,6 +57,13 @@ class GenerationRequest:
     temperature, before top-k/top-p/min-p).
     truncate: keep the end of a prompt too long for the context.
     skip_special_tokens: leave special tokens out of the text.
+    json_schema: a JSON schema (a dict or JSON text; kept as JSON text) the
+    output must be one valid value of; grammar: a Lark grammar (llguidance's
+    dialect) the output must be a sentence of; at most one of them
+    (cyformer.structured; pip install 'cyformer[structured]').
+    token_healing: back a str prompt up over its last token and let the
+    first new token re-spell it (cyformer.healing); None (default): on for
+    str prompts unless logprobs or a constraint are asked for.
 
     Sampling order: logit_bias and the presence/frequency penalties are added,
     then repetition_penalty scales (CTRL's rule: positive logits divided,
@@ -81,6 +89,9 @@ class GenerationRequest:
     logprobs_mode: str = "raw"
     truncate: bool = False
     skip_special_tokens: bool = True
+    json_schema: Optional[str] = None
+    grammar: Optional[str] = None
+    token_healing: Optional[bool] = None
 
     def __post_init__(self):
         set_ = lambda name, v: object.__setattr__(self, name, v)  # noqa: E731 - frozen
@@ -108,6 +119,17 @@ class GenerationRequest:
         if k and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=True")
         set_("top_logprobs", k)
+        set_("json_schema", _json_schema(self.json_schema))
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str) or not self.grammar.strip():
+                raise ValueError("grammar must be a non-empty Lark grammar string")
+            _checks.text("generate", "grammar", self.grammar)
+        if self.json_schema is not None and self.grammar is not None:
+            raise ValueError("give one of json_schema and grammar, not both")
+        if self.token_healing is not None:
+            if not isinstance(self.token_healing, (bool, np.bool_)):
+                raise ValueError(f"token_healing must be True, False or None, got {self.token_healing!r}")
+            set_("token_healing", bool(self.token_healing))
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
 
@@ -178,6 +200,24 @@ def _logit_bias(bias):
             raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
         out[int(k)] = _real(f"logit_bias[{k}]", v, -100, 100)
     return tuple(sorted(out.items()))
+
+
+def _json_schema(schema):
+    """A JSON schema (dict or JSON text) -> its JSON text (hashable), or ValueError."""
+    if schema is None:
+        return None
+    if isinstance(schema, str):
+        _checks.text("generate", "json_schema", schema)
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_schema is not valid JSON: {e}") from None
+    if not isinstance(schema, Mapping):
+        raise ValueError(f"json_schema must be a JSON schema object, got {type(schema).__name__}")
+    try:
+        return json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"json_schema is not JSON: {e}") from None
 
 
 def _stop_items(stop):

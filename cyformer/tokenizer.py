@@ -51,6 +51,14 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def decode_each(self, ids):
+        """Each id's text alone (special tokens as '')."""
+        return self._tok.decode_batch([[int(i)] for i in ids], skip_special_tokens=True)
+
+    def to_json(self):
+        """tokenizer.json's text, as the tokenizers library writes it."""
+        return self._tok.to_str()
+
     def token_to_id(self, token):
         return self._tok.token_to_id(token)
 

@@ -160,7 +160,7 @@ async def answer(request, s: OpenAIServing, plan, chat):
 
 
 def usage(streams):
-    p = sum(int(st.generation.prompt_ids.size) for st in streams)
+    p = sum(st.generation.prompt_tokens for st in streams)  # a healed prompt's last token included
     c = sum(len(st.generation.tokens) for st in streams)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 

@@ -62,6 +62,11 @@ class SamplingFields(Strict):
     min_tokens: int = Field(0, ge=0, le=TOKEN_MAX)
     stop_token_ids: Optional[list[int]] = None
     skip_special_tokens: bool = True
+    # structured output (cyformer.serve.structured)
+    response_format: Optional[dict] = None           # {"type": "text" | "json_object" | "json_schema", ...}
+    guided_json: Optional[Union[dict, str]] = None   # vLLM's: a JSON schema
+    guided_grammar: Optional[str] = None             # vLLM's: a grammar (Lark, llguidance's dialect)
+    token_healing: Optional[bool] = None             # cyformer's: null: on for text prompts without logprobs
 
 
 class CompletionRequest(SamplingFields):
@@ -97,8 +102,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Optional[int] = Field(None, ge=0, le=TOKEN_MAX)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    # refused unless empty / text until structured output exists
-    response_format: Optional[dict] = None
     tools: Optional[list] = None
     tool_choice: Optional[Union[str, dict]] = None
     parallel_tool_calls: Optional[bool] = None

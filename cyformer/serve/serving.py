@@ -26,6 +26,7 @@ from ..model_files import DEFAULT
 from ..request import GenerationRequest
 from ..sampling import log_softmax
 from . import protocol as P
+from . import structured
 
 FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length", CONTEXT: "length"}
 RETRY_AFTER_S = 1
@@ -60,9 +61,10 @@ class Plan:
     echo: (text, ids) of each prompt when the prompt is echoed, else None;
     logprobs: top tokens asked for (None: no logprobs)."""
 
-    def __init__(self, gens, per_prompt, n, logprobs, echo=None, stream=False, include_usage=False):
+    def __init__(self, gens, per_prompt, n, logprobs, echo=None, stream=False, include_usage=False, tools=None):
         self.gens, self.per_prompt, self.n, self.logprobs, self.echo = gens, per_prompt, n, logprobs, echo
         self.stream, self.include_usage = stream, include_usage
+        self.tools = tools  # names of the tools a chat reply may call (serve.structured), or None
 
 
 class OpenAIServing:
@@ -94,7 +96,7 @@ class OpenAIServing:
 
     # -- requests -> generations --
 
-    def _request(self, req: P.SamplingFields, max_tokens, logprobs, top, choice):
+    def _request(self, req: P.SamplingFields, max_tokens, logprobs, top, choice, structure):
         """The GenerationRequest of one choice (choice j samples with seed + j)."""
         vocab = self.model.config.vocab_size
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -126,7 +128,7 @@ class OpenAIServing:
                 ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
                 seed=None if req.seed is None else (req.seed + choice) % (P.SEED_MAX + 1),
                 logprobs=logprobs, top_logprobs=top, logprobs_mode=self.logprobs_mode,
-                skip_special_tokens=req.skip_special_tokens)
+                skip_special_tokens=req.skip_special_tokens, **structure.options)
         except ValueError as e:
             raise bad(_param_of(str(e), None), str(e)) from None
 
@@ -143,11 +145,12 @@ class OpenAIServing:
         self._fits(len(prompts) * best_of)
         want_lp = req.logprobs is not None
         rank = best_of > req.n  # best_of ranks candidates by their mean token logprob
+        structure = self._structure(req, chat=False)
         gens = []
         for i, p in enumerate(prompts):
             where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
             for j in range(best_of):
-                r = self._request(req, req.max_tokens, want_lp or rank, req.logprobs or 0, j)
+                r = self._request(req, req.max_tokens, want_lp or rank, req.logprobs or 0, j, structure)
                 gens.append(self._make(where, lambda r=r, p=p: Generation(self.model, p, r, text=True)))
         echo = None
         if req.echo:
@@ -159,11 +162,13 @@ class OpenAIServing:
         self.check_model(req.model)
         if req.tool_choice is not None and req.tool_choice != "none" and not req.tools:
             raise bad("tool_choice", "'tool_choice' is only allowed when 'tools' are given")
-        for name, neutral in (("response_format", ({"type": "text"},)), ("tools", ([],)),
-                              ("tool_choice", ("none",))):
-            v = getattr(req, name)
-            if v is not None and v not in neutral:
-                raise bad(name, f"'{name}' is not supported by this server yet (only {neutral[0]!r})")
+        structure = self._structure(req, chat=True)
+        if structure.forced and req.stream:
+            raise bad("stream", "streaming a forced tool call (tool_choice 'required' or a named "
+                                "function) is not supported; send it without 'stream'")
+        template_vars = req.chat_template_kwargs
+        if structure.template_vars:
+            template_vars = dict(template_vars or {}, **structure.template_vars)
         messages = self._messages(req.messages)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if req.top_logprobs and not req.logprobs:
@@ -172,10 +177,24 @@ class OpenAIServing:
         self._fits(req.n)
         gens = []
         for j in range(req.n):
-            r = self._request(req, max_tokens, req.logprobs, top, j)
+            r = self._request(req, max_tokens, req.logprobs, top, j, structure)
             gens.append(self._make("messages", lambda r=r: chat_generation(
-                self.model, messages, r, req.chat_template_kwargs)))
-        return Plan(gens, 1, req.n, top if req.logprobs else None, None, req.stream, _include_usage(req))
+                self.model, messages, r, template_vars)))
+        return Plan(gens, 1, req.n, top if req.logprobs else None, None, req.stream, _include_usage(req),
+                    tools=structure.tools)
+
+    def _structure(self, req, chat):
+        s = structured.read(req, chat, bad)
+        if (s.options.get("json_schema") is not None or s.options.get("grammar") is not None):
+            try:  # the grammar compiles (and llguidance is there) before anything is queued
+                from ..structured import grammar_text
+                grammar_text(json_schema=s.options.get("json_schema"), grammar=s.options.get("grammar"))
+            except CyformerError as e:
+                raise bad("response_format", str(e)) from None
+            except ValueError as e:
+                raise bad("guided_grammar" if s.options.get("grammar") is not None else "response_format",
+                          str(e)) from None
+        return s
 
     def _make(self, param, build):
         try:
@@ -328,9 +347,14 @@ class OpenAIServing:
 
     def chat_choice(self, plan, index, stream):
         g = stream.generation
-        return {"index": index, "message": {"role": "assistant", "content": g.text},
-                "logprobs": self.chat_logprobs(g.logprobs) if plan.logprobs is not None else None,
-                "finish_reason": FINISH.get(g.finish_reason, g.finish_reason)}
+        out = {"index": index, "message": {"role": "assistant", "content": g.text},
+               "logprobs": self.chat_logprobs(g.logprobs) if plan.logprobs is not None else None,
+               "finish_reason": FINISH.get(g.finish_reason, g.finish_reason)}
+        calls = structured.tool_calls(g.text, plan.tools) if plan.tools else None
+        if calls:
+            out["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+            out["finish_reason"] = "tool_calls"
+        return out
 
     async def echo_logprobs(self, plan):
         """Per prompt, its logprobs (computed off the event loop), or Nones."""
