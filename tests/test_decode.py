@@ -76,6 +76,7 @@ def test_fused_step_matches_hf_cached_decoding(checkpoint, rng, name):
 def step_and_cache(checkpoint):
     be = cyformer.load(checkpoint("odd")[0]).backend
     kv = be.new_cache(8)
+    kv.reserve(8)  # arrays for 8 positions (a new cache allocates on its first run)
     return be.step, kv
 
 

@@ -114,7 +114,8 @@ def test_completion_logprobs(client, model):
 
 def test_chat_equals_model_chat(client, model):
     messages = [{"role": "system", "content": "Write Python."}, {"role": "user", "content": "A loop"}]
-    ref = model.chat(messages, max_new_tokens=10, temperature=0)
+    # logprobs: the prompt is not healed (token_healing's default), in both
+    ref = model.chat(messages, max_new_tokens=10, temperature=0, logprobs=True)
     r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=10, temperature=0,
                                        logprobs=True, top_logprobs=2)
     msg = r.choices[0].message
@@ -123,7 +124,8 @@ def test_chat_equals_model_chat(client, model):
     assert len(r.choices[0].logprobs.content) == len(ref.token_ids)
     assert all(len(t.top_logprobs) == 2 for t in r.choices[0].logprobs.content)
     stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=10, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"token_healing": False})
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref
     assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
