@@ -153,6 +153,12 @@ class Generation:
                         model.generation_config.eos_ids(cfg) | frozenset(end_ids))
         # the ids a constrained output ends with (llguidance needs them even with ignore_eos)
         self.grammar_eos = model.generation_config.eos_ids(cfg) | frozenset(end_ids)
+        # built here, so that a grammar llguidance refuses is the caller's ValueError
+        self.constraint = None
+        if self.grammar is not None:
+            from .structured import Constraint
+
+            self.constraint = Constraint.of(model, self.grammar_eos, self.grammar)
         has_text = self.text_mode or model.tokenizer.available
         self.stop_strings, self.stop_ids = _check_stop(req.stop, has_text, cfg.vocab_size)
         self.top_logprobs = req.top_logprobs
@@ -253,12 +259,7 @@ class Decoding:
         # handed out again), and how much of it was handed out
         self.base = len(g.heal_text)
         self.text, self.emitted = "", self.base
-        self.constraint = self.healing = None
-        if g.grammar is not None:
-            from .structured import Constraint
-
-            self.constraint = Constraint(g.model.tokenizer, g.model.config.vocab_size, g.grammar_eos,
-                                         g.grammar)
+        self.constraint, self.healing = g.constraint, None
         if g.heal_text:
             from .healing import Healing, token_texts
 

@@ -65,6 +65,13 @@ def grammar_text(json_schema=None, json_object=False, grammar=None, regex=None):
     if len(given) > 1:
         raise ValueError(f"give one of json_schema, json_object, grammar and regex, not {' and '.join(given)}")
     ll = _llguidance()
+    try:
+        return _grammar(ll, json_schema, json_object, grammar, regex)
+    except (RuntimeError, TypeError) as e:  # llguidance's own complaint about the schema
+        raise ValueError(f"the grammar or schema cannot be used: {e}") from None
+
+
+def _grammar(ll, json_schema, json_object, grammar, regex):
     if json_schema is not None:
         if isinstance(json_schema, str):
             _checks.text("generate", "json_schema", json_schema)
@@ -98,22 +105,21 @@ class Constraint:
     def __init__(self, tokenizer, n_vocab, eos_ids, grammar):
         ll = _llguidance()
         self.tokenizer = _ll_tokenizer(tokenizer, n_vocab, eos_ids)
-        self.matcher = ll.LLMatcher(self.tokenizer, grammar, log_level=0)
+        try:
+            self.matcher = ll.LLMatcher(self.tokenizer, grammar, log_level=0)
+        except (RuntimeError, TypeError) as e:  # llguidance's own complaint about the grammar
+            raise ValueError(f"the grammar or schema cannot be used: {e}") from None
         if self.matcher.is_error():
             raise ValueError(f"the grammar or schema cannot be used: {self.matcher.get_error()}")
         self.n_vocab = n_vocab
         self.bits = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
 
     @classmethod
-    def make(cls, model, eos_ids, **kinds):
-        """A Constraint for model's tokenizer from one of json_schema,
-        json_object, grammar, regex; None when none is given."""
-        text = grammar_text(**kinds)
-        if text is None:
-            return None
+    def of(cls, model, eos_ids, grammar):
+        """The Constraint of an llguidance grammar (``grammar_text``) over model's vocabulary."""
         if not model.tokenizer.available:
             raise ValueError("structured output needs the model's tokenizer")
-        return cls(model.tokenizer, model.config.vocab_size, eos_ids, text)
+        return cls(model.tokenizer, model.config.vocab_size, eos_ids, grammar)
 
     def allowed(self):
         """bool [V]: the tokens that may come next."""
