@@ -492,6 +492,13 @@ def select_format_kernels(features=None):
     have = _runtime.cpu_features()
     if features is None:
         features = have
+    if not isinstance(features, dict):
+        raise TypeError(f"select_format_kernels: features must be a dict of feature name -> bool, "
+                        f"got {type(features).__name__}")
+    unknown = sorted(str(n) for n in features if n not in have)
+    if unknown:
+        raise ValueError(f"select_format_kernels: unknown CPU features {unknown}; "
+                         f"known: {sorted(have)}")
     bits = 0
     for name, bit in _FEATURE_BITS.items():
         if features.get(name):

@@ -587,8 +587,20 @@ def test_every_public_kernel_wrapper_is_covered():
                "attention.attention_forward", "mlp.mlp_forward", "linalg.stream_sum",
                "norm.rms_norm_forward", "norm.norm_forward", "activations.swiglu_forward",
                "attention.rope_forward",
-               "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty"}
+               "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty",
+               "linalg.format_kernels", "linalg.select_format_kernels"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
+
+
+def test_select_format_kernels_refuses_bad_features():
+    with pytest.raises(TypeError, match="select_format_kernels: features must be a dict"):
+        linalg.select_format_kernels(["avx512_vnni"])
+    with pytest.raises(ValueError, match="unknown CPU features"):
+        linalg.select_format_kernels({"no_such_feature": True})
+    # the CPU's own features are accepted, and the kernels named afterwards are the table's formats
+    used = linalg.select_format_kernels()
+    assert set(used) and all(isinstance(v, bool) for v in used.values())
+    assert set(linalg.format_kernels()) == set(cyformer.formats.TABLE)
 
 
 def test_aligned_empty_refuses_bad_sizes():
