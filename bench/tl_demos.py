@@ -70,6 +70,9 @@ def write_checkpoint(path, texts):
     tok.decoder = decoders.ByteLevel()
     os.makedirs(path, exist_ok=True)
     tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:  # transformers: use tokenizer.json as is
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
+                   "eos_token": "<|endoftext|>"}, f)
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=12, n_head=12, n_embd=96, n_inner=384, n_positions=256, vocab_size=VOCAB,
                      bos_token_id=0, eos_token_id=0)
@@ -124,12 +127,11 @@ def main():
         theirs = run(code[d], "transformer_lens", checkpoint)
         ours = run(code[d], "cyformer", checkpoint)
         print(f"\n## {d}: {len(code[d])} code cells\n")
-        print("| cell | TransformerLens 4.3 bridge | cyformer | first line | first failure |")
-        print("|---|---|---|---|---|")
+        print("| cell | TransformerLens 4.3 bridge | cyformer | first failure |")
+        print("|---|---|---|---|")
         for i, ((a, ma), (b, mb)) in enumerate(zip(theirs, ours)):
-            first = code[d][i].strip().splitlines()[0][:60].replace("|", "\\|") if code[d][i].strip() else ""
             why = "; ".join(x for x in (f"TL: {ma}" if ma else "", f"cyformer: {mb}" if mb else "") if x)
-            print(f"| {i} | {a} | {b} | `{first}` | {why.replace('|', '/')} |")
+            print(f"| {i} | {a} | {b} | {why.replace('|', '/')} |")
         n = sum(1 for (a, _), (b, _) in zip(theirs, ours) if a == "ok")
         m = sum(1 for (a, _), (b, _) in zip(theirs, ours) if a == "ok" and b == "ok")
         print(f"\n{m} of the {n} cells that run on TransformerLens 4's bridge run unchanged on cyformer's.")
