@@ -526,6 +526,9 @@ class Engine:
     def submit(self, generations, sink=None):
         """Queue Generations (all or none); returns their EngineStreams.
         sink: one callable for all of them, or a list with one per generation."""
+        if not isinstance(generations, (list, tuple)) or not all(isinstance(g, Generation) for g in generations):
+            raise TypeError("submit: generations must be a list of Generation objects "
+                            "(Engine.generate and Engine.chat make one from a prompt)")
         generations = list(generations)
         sinks = list(sink) if isinstance(sink, (list, tuple)) else [sink] * len(generations)
         if len(sinks) != len(generations):

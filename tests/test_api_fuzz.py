@@ -4,7 +4,14 @@ The entry points are found by introspection, so a new public function or
 method is fuzzed without a change here: the functions in ``cyformer.__all__``
 and ``cyformer.interp.__all__``, the public methods of ``cyformer.Model``
 (on the bundled model) and of the result objects the interp functions return
-(RESULT_FACTORIES).  Classes are left out: a Model is built by load(), and
+(RESULT_FACTORIES), the corpus jobs (cyformer.jobs: score, generate, collect,
+open, open_corpus, and a JobOutput's methods), the engine (an Engine's
+public methods on the bundled model, and its streams'), saving (Model.save,
+with any path under the test's directory) and the TransformerLens layer
+(Model's inherited HookedTransformer methods; an ActivationCache's methods
+are not fuzzed yet: they still leak NumPy errors for hostile layer and
+slice arguments).
+Classes are left out: a Model is built by load(), and
 the interp classes are results or plumbing that load() and run_with_cache
 build (CONSTRUCTED_ELSEWHERE, checked to be complete).
 
@@ -35,7 +42,8 @@ from hypothesis import strategies as st
 
 import cyformer
 import cyformer.interp as interp
-from cyformer import CyformerError
+from cyformer import CyformerError, jobs
+from cyformer.engine import Engine
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(cyformer.__file__))
 CASES = int(40 * float(os.environ.get("CYFORMER_FUZZ_SCALE", "1")))
@@ -73,7 +81,25 @@ def good_values(model, tmp):
         "path": [str(tmp / "out.html"), None], "tokens": [["a", "b"]],
         "patterns": [{(0, 0): np.array([[1.0, 0.0], [0.3, 0.7]])}], "dpi": [50],
         "cfg": [model.config], "title": ["t"], "threads": [None, 1, 2], "backend": ["cython", "numpy"], "model": [model],
+        # corpus jobs
+        "corpus": [_corpus(tmp)], "out": [str(tmp / "job-out")], "hooks": [["blocks.0.hook_resid_post"]],
+        "shard_rows": [1, 5], "progress": [False], "engine": ["local"], "stride": [None, 8],
+        "field": [None, "text"], "format": ["auto"], "mmap": [False, True], "name": ["row", "n_tokens"],
+        # the engine
+        "messages": [[{"role": "user", "content": "hi"}]], "sink": [None],
+        "generations": [[]], "cancel": [True], "timeout": [5],
+        # saving
+        "directory": [str(tmp / "saved")],
+        # the TransformerLens cache
+        "layer": [None, 1, -1], "pos_slice": [None, -1, [0, 1]], "incl_mid": [False, True],
+        "apply_ln": [False, True],
     }
+
+
+def _corpus(tmp):
+    path = tmp / "corpus.jsonl"
+    path.write_text('{"text": "def f(x):\\n    return x"}\n{"text": "x = 1", "id": 7}\nnot json\n')
+    return str(path)
 
 
 def hostile():
@@ -109,15 +135,42 @@ def entry_points(model):
     for cls, make in RESULT_FACTORIES.items():
         instance = make(model)
         for name, fn in inspect.getmembers(cls, inspect.isfunction):
-            if not name.startswith("_"):
+            if not name.startswith("_") and f"{cls.__name__}.{name}" not in NOT_FUZZED:
                 out.append((f"{cls.__name__}.{name}", getattr(instance, name)))
+    for name in ("score", "generate", "collect", "open", "open_corpus"):
+        out.append((f"cyformer.jobs.{name}", getattr(jobs, name)))
     return out
+
+
+# Methods that end the object the other entries share (fuzzed through their arguments elsewhere).
+NOT_FUZZED = {"Engine.close"}
+
+
+def _job_output(model):
+    import tempfile
+
+    out = os.path.join(tempfile.mkdtemp(prefix="cyformer-fuzz-"), "scores")
+    jobs.score(_corpus(__import__("pathlib").Path(os.path.dirname(out))), out, model, progress=False)
+    return jobs.open(out)
+
+
+def _engine(model):
+    from cyformer.engine import Engine
+
+    return Engine(model, max_queue=8)  # a daemon thread; it ends with the process
 
 
 RESULT_FACTORIES = {
     interp.LogitLens: lambda m: interp.logit_lens(m, ids_of(m), k=2),
     interp.LogitAttribution: lambda m: interp.direct_logit_attribution(m, ids_of(m), 3),
+    Engine: _engine,
 }
+try:
+    import pyarrow  # noqa: F401 - a JobOutput of Parquet shards needs it
+
+    RESULT_FACTORIES[jobs.JobOutput] = _job_output
+except ImportError:
+    pass
 
 
 @contextlib.contextmanager

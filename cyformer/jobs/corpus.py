@@ -85,7 +85,13 @@ class Corpus:
 
 def open_corpus(path, format="auto", field="text", split=None):
     """A Corpus for ``path``; format "auto" goes by the suffix or the directory's contents."""
-    path = os.fspath(path)
+    from .run import path_arg
+
+    path = path_arg("corpus", path)
+    if not isinstance(format, str):
+        raise TypeError(f"format must be one of auto, {', '.join(FORMATS)}, got {type(format).__name__}")
+    if split is not None and not isinstance(split, str):
+        raise TypeError(f"split must be a split's name (str) or None, got {type(split).__name__}")
     if not os.path.exists(path):
         raise CorpusError(f"{path}: corpus not found")
     if format == "auto":

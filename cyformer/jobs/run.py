@@ -14,6 +14,9 @@ import os
 import sys
 import time
 
+import numpy as np
+
+from ..errors import CyformerError
 from .corpus import open_corpus
 from .job import RowSkipped
 from .shards import Manifest, write_shard
@@ -50,6 +53,31 @@ class Summary:
             s += f" ({shown}{'; ...' if len(self.skipped) > 3 else ''})"
         return s + (f"; {self.shards_written} shards written, {self.shards_reused} already done "
                     f"-> {self.out}")
+
+
+def path_arg(name, value):
+    """A path argument as a str that the file system can take (CyformerError, TypeError otherwise)."""
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}") from None
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not path:
+        raise ValueError(f"{name} must not be empty")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not a valid file name (a lone surrogate)") from None
+    return path
+
+
+def output_dir(out):
+    """The output directory argument, checked before any work."""
+    out = path_arg("out", out)
+    if any(len(part.encode()) > 255 for part in out.split(os.sep)):
+        raise ValueError(f"out: a path component is longer than 255 bytes: {out[:80]!r}...")
+    return out
 
 
 def model_identity(model):
@@ -110,9 +138,20 @@ def run_job(job, corpus, out, model=None, *, field=None, corpus_format="auto", s
     is called after each shard is written.
     """
     import cyformer
+    from ..model import Model
 
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r:.60}")
+    out = output_dir(out)
+    corpus = path_arg("corpus", corpus)
+    if model is not None and not isinstance(model, (str, os.PathLike, Model)):
+        raise TypeError(f"model must be a Model, a checkpoint directory or Hub name, or None (the bundled "
+                        f"model), got {type(model).__name__}")
+    for name, flag in (("progress", progress), ("overwrite", overwrite)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
+    if on_shard is not None and not callable(on_shard):
+        raise TypeError(f"on_shard must be callable or None, got {type(on_shard).__name__}")
     if model is None or isinstance(model, (str, os.PathLike)):
         loaded = cyformer.load(model, threads=threads if engine == "local" else 1)
         spec = model  # Ray workers load it themselves, each from its own path or Hub cache
@@ -123,12 +162,14 @@ def run_job(job, corpus, out, model=None, *, field=None, corpus_format="auto", s
     shard_rows = job.default_shard_rows if shard_rows is None else shard_rows
     if isinstance(shard_rows, bool) or not isinstance(shard_rows, int) or shard_rows < 1:
         raise ValueError(f"shard_rows must be a positive integer, got {shard_rows!r}")
-    out = os.fspath(out)
     identity = {"job": job.name, "stem": job.stem, "format": job.format, "params": job.params(),
                 "model": model_identity(loaded), "corpus": {**corpus.describe(),
                                                             "files": corpus.fingerprint()},
                 "shard_rows": shard_rows, **job.identity_extra()}
-    manifest = Manifest.start(out, identity, overwrite=overwrite)
+    try:
+        manifest = Manifest.start(out, identity, overwrite=bool(overwrite))
+    except OSError as e:
+        raise CyformerError(f"cannot write the output directory {out[:200]!r}: {e.strerror or e}") from None
     done_before = set(manifest.shards)
     bar = Progress(progress, corpus.count(), job.name)
     t0 = time.perf_counter()

@@ -75,6 +75,8 @@ class Score(Job):
     name, stem, ext, format = "score", "scores", ".parquet", "parquet"
 
     def __init__(self, stride=None, per_token=False):
+        if not isinstance(per_token, (bool, np.bool_)):
+            raise TypeError(f"score: per_token must be True or False, got {type(per_token).__name__}")
         self.stride = stride
         self.per_token = bool(per_token)
 

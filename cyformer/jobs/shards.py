@@ -40,6 +40,13 @@ class JobOutputError(CyformerError):
     """An output directory is not a job's output, or belongs to a different job."""
 
 
+class MissingShard(JobOutputError, KeyError):
+    """JobOutput.shard(k) for a shard that is not complete."""
+
+    def __str__(self):  # KeyError would show the message in quotes
+        return str(self.args[0])
+
+
 def shard_path(out, stem, index, ext):
     """ext "" names a directory shard (.npy activations)."""
     return os.path.join(out, f"{stem}-{index:05d}{ext}")
@@ -359,9 +366,11 @@ class JobOutput:
 
     def shard(self, k):
         """Shard k's contents: a pyarrow Table (Parquet) or name -> array."""
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"shard: k must be a shard index (int), got {type(k).__name__}")
         rec = next((r for r in self._records if r["index"] == k), None)
         if rec is None:
-            raise KeyError(f"shard {k} is not in {self.dir} (complete shards: "
+            raise MissingShard(f"shard {k} is not in {self.dir} (complete shards: "
                            f"{[r['index'] for r in self._records][:10]}...)")
         if self.format == "parquet":
             import pyarrow.parquet as pq
@@ -407,7 +416,11 @@ def _empty_table(manifest, jobs):
 
 def open_output(out, mmap=False, jobs=None):
     """Open a job's output directory (see JobOutput)."""
-    return JobOutput(os.fspath(out), mmap=mmap, jobs=jobs)
+    from .run import path_arg
+
+    if not isinstance(mmap, (bool, np.bool_)):
+        raise TypeError(f"open: mmap must be True or False, got {type(mmap).__name__}")
+    return JobOutput(path_arg("out", out), mmap=bool(mmap), jobs=jobs)
 
 
 def write_shard(job, out, index, first_row, n_rows, results, skipped):
