@@ -165,11 +165,19 @@ def select(cfg, names, fn="run_with_cache", options=DEFAULT_OPTIONS):
     names: None (all of them), one name, a list of names, or a predicate
     name -> bool.  Unknown names are an error rather than an empty cache.
     """
-    every = hook_names(cfg, options)
+    return frozenset(pick(names, hook_names(cfg, options), fn, options))
+
+
+def pick(names, every, fn, options=DEFAULT_OPTIONS):
+    """The names of ``every`` that ``names`` picks, as a list in the order asked.
+
+    names: None (all of ``every``), one name, a list of names, or a predicate
+    name -> bool; a name not in ``every`` is a ValueError with a hint.
+    """
     if names is None:
-        return frozenset(every)
+        return list(every)
     if callable(names):
-        return frozenset(n for n in every if names(n))
+        return [n for n in every if names(n)]
     if isinstance(names, str):
         names = [names]
     try:
@@ -182,8 +190,8 @@ def select(cfg, names, fn="run_with_cache", options=DEFAULT_OPTIONS):
         if not isinstance(n, str):
             raise ValueError(f"{fn}: hook names must be strings, got {n!r}")
         if n not in known:
-            raise ValueError(f"{fn}: no hook point named {n!r}; " + _hint(n, options, every))
-    return frozenset(wanted)
+            raise ValueError(f"{fn}: no hook point named {n!r}; " + _hint(n, options, list(every)))
+    return wanted
 
 
 FLAGS = {"hook_attn_in": "use_attn_in", "hook_q_input": "use_split_qkv_input",

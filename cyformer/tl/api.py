@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import _checks
 from ..errors import TorchRequired
-from ..hooks import HookOptions, HookPoint, HookPoints, hook_names
+from ..hooks import HookOptions, HookPoint, HookPoints, hook_names, pick
 from .arrays import Arrays, check_kind
 from .names import INPUT_POINTS, aliases
 
@@ -233,26 +233,7 @@ class HookedTransformer:
 
     def _select(self, names, fn):
         """A name, a list of names or a predicate -> the names it picks (any of hook_dict's)."""
-        points = self.hook_dict
-        if names is None:
-            return list(points)
-        if callable(names):
-            return [n for n in points if names(n)]
-        if isinstance(names, str):
-            names = [names]
-        try:
-            wanted = list(names)
-        except TypeError:
-            raise ValueError(f"{fn}: names must be a hook name, a list of hook names or a predicate, "
-                             f"got {type(names).__name__}") from None
-        for n in wanted:
-            if not isinstance(n, str):
-                raise ValueError(f"{fn}: hook names must be strings, got {n!r}")
-            if n not in points:
-                from ..hooks import _hint
-                raise ValueError(f"{fn}: no hook point named {n!r}; "
-                                 + _hint(n, self.hook_options, list(points)))
-        return wanted
+        return pick(names, list(self.hook_dict), fn, self.hook_options)
 
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
         """Attach ``hook`` to a point (or every point a predicate accepts) until
