@@ -158,3 +158,24 @@ def check_ids(ids, cfg, fn="forward"):
         raise ValueError(f"{fn}: {arr.shape[1]} tokens exceed the model's context of "
                          f"n_positions={cfg.n_positions}")
     return arr, batched
+
+
+def path_arg(name, value):
+    """A path argument as a str that the file system can take: TypeError for a
+    value that is no path, ValueError for an empty one, a NUL character or a
+    lone surrogate (``name`` leads each message)."""
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}") from None
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not path:
+        raise ValueError(f"{name} must not be empty")
+    if "\0" in path:
+        raise ValueError(f"{name} must not contain a NUL character")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not a valid file name (a lone surrogate)") from None
+    return path

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._checks import path_arg
 from .errors import CyformerError, ModelLoadError
 
 MAGIC = b"GGUF"
@@ -871,9 +872,7 @@ def save(model, path, dtype="f32"):
     if done:
         raise CyformerError(f"save: the weights are processed for analysis ({', '.join(done)}); save the model "
                             "as loaded")
-    path = os.fspath(path)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
+    path = path_arg("save: path", path)
     cfg, wt = model.config, model.weights
     arch = cfg.model_type
     qtype = WRITE_TYPES[dtype]

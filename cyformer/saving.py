@@ -15,6 +15,7 @@ import shutil
 
 import numpy as np
 
+from ._checks import path_arg
 from .errors import CyformerError
 from .formats import TABLE
 from .weights import SAVED_FORMAT_KEY, SAVED_GROUP_KEY, SAVED_LAYOUT_KEY
@@ -38,14 +39,7 @@ def _save(model, directory):
     from ._version import __version__
     from .formats import Packed
 
-    try:
-        directory = os.fspath(directory)
-    except TypeError:
-        raise ValueError(f"save: directory must be a str or os.PathLike, got {type(directory).__name__}") from None
-    if isinstance(directory, bytes):
-        directory = os.fsdecode(directory)
-    if not directory:
-        raise ValueError("save: directory must not be empty")
+    directory = path_arg("save: directory", directory)
     done = [k for k, v in (getattr(model, "processing", None) or {}).items() if v]
     if done:
         raise CyformerError(f"save: the weights are processed for analysis ({', '.join(done)}); save the model "

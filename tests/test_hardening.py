@@ -382,3 +382,12 @@ def test_rotary_tables_grow_with_use_not_with_the_configured_context(tmp_path):
     assert list(huge.generate(ids, max_new_tokens=20, temperature=0)) == list(want["cython"][1])
     assert huge.backend.rope.rows == 512
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KB: far below 3 GB
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+@pytest.mark.parametrize("bad", ["a\0b", b"\xff\x00", "", 3])
+def test_save_names_a_bad_path(tmp_path, fmt, bad):
+    """A path that can name no file is an error saying so, before anything is written."""
+    model = cyformer.load()
+    with pytest.raises((TypeError, ValueError), match=r"save: (directory|path) must"):
+        model.save(bad, format=fmt)

@@ -21,6 +21,7 @@ import glob
 import json
 import os
 
+from .._checks import path_arg
 from ..errors import CyformerError
 
 FORMATS = ("jsonl", "parquet", "text", "datasets")
@@ -85,7 +86,6 @@ class Corpus:
 
 def open_corpus(path, format="auto", field="text", split=None):
     """A Corpus for ``path``; format "auto" goes by the suffix or the directory's contents."""
-    from .run import path_arg
 
     path = path_arg("corpus", path)
     if not isinstance(format, str):

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from .._checks import path_arg
 from ..errors import CyformerError
 from .corpus import open_corpus
 from .job import RowSkipped
@@ -53,23 +54,6 @@ class Summary:
             s += f" ({shown}{'; ...' if len(self.skipped) > 3 else ''})"
         return s + (f"; {self.shards_written} shards written, {self.shards_reused} already done "
                     f"-> {self.out}")
-
-
-def path_arg(name, value):
-    """A path argument as a str that the file system can take (CyformerError, TypeError otherwise)."""
-    try:
-        path = os.fspath(value)
-    except TypeError:
-        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}") from None
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not path:
-        raise ValueError(f"{name} must not be empty")
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{name} is not a valid file name (a lone surrogate)") from None
-    return path
 
 
 def output_dir(out):

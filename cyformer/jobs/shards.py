@@ -27,6 +27,7 @@ import shutil
 
 import numpy as np
 
+from .._checks import path_arg
 from ..errors import CyformerError
 
 MANIFEST = "_manifest.json"
@@ -416,7 +417,6 @@ def _empty_table(manifest, jobs):
 
 def open_output(out, mmap=False, jobs=None):
     """Open a job's output directory (see JobOutput)."""
-    from .run import path_arg
 
     if not isinstance(mmap, (bool, np.bool_)):
         raise TypeError(f"open: mmap must be True or False, got {type(mmap).__name__}")
