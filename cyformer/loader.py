@@ -21,7 +21,8 @@ def default_model_path():
 
 def load(path: "str | os.PathLike | None" = None, *, threads: "int | None" = None, backend: str = "cython",
          dtype: "str | None" = None, fold_ln: bool = False, center_writing_weights: bool = False,
-         center_unembed: bool = False, fold_value_biases: bool = False) -> Model:
+         center_unembed: bool = False, fold_value_biases: bool = False,
+         refactor_factored_attn_matrices: bool = False) -> Model:
     """Load a GGUF file (cyformer.gguf) or a checkpoint directory: config.json, model.safetensors and,
     when present, tokenizer.json, tokenizer_config.json (special tokens, chat
     template) and generation_config.json (eos ids, sampling defaults).  With
@@ -41,10 +42,10 @@ def load(path: "str | os.PathLike | None" = None, *, threads: "int | None" = Non
     format for one written by Model.save).  Raises ModelLoadError naming the
     file, key or tensor that is missing or malformed.
 
-    fold_ln, center_writing_weights, center_unembed, fold_value_biases:
-    TransformerLens's weight processing (cyformer.processing), off by
-    default (TransformerLens's from_pretrained turns all four on); float32
-    weights only.
+    fold_ln, center_writing_weights, center_unembed, fold_value_biases,
+    refactor_factored_attn_matrices: TransformerLens's weight processing
+    (cyformer.processing), off by default (TransformerLens's from_pretrained
+    turns the first four on); float32 weights only.
     """
     from .formats import check_format
     from .processing import check_options, process_weights
@@ -52,7 +53,8 @@ def load(path: "str | os.PathLike | None" = None, *, threads: "int | None" = Non
     if dtype is not None:
         check_format("load", dtype)
     processing = check_options("load", dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                                            center_unembed=center_unembed, fold_value_biases=fold_value_biases))
+                                            center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                                            refactor_factored_attn_matrices=refactor_factored_attn_matrices))
     if any(processing.values()) and dtype not in (None, "float32"):
         raise ValueError(f"load: weight processing rewrites the matrices in float32; it cannot be combined "
                          f"with dtype={dtype!r}")

@@ -18,6 +18,14 @@ model's log-probabilities stay what they were (up to float32 rounding):
                             log-probabilities do not change.
     fold_value_biases       b_V always adds b_V @ W_O to a head's output (a
                             pattern sums to 1), so it moves into b_O.
+    refactor_factored_attn_matrices
+                            each head's W_Q W_K^T (with b_Q, b_K as an extra
+                            input row) and W_V W_O are refactored from their
+                            SVD U S V^T: W_Q = U S^1/2, W_K = V S^1/2 and
+                            W_V = U S, W_O = V^T; b_V moves into b_O first.
+                            Learned positions (no rotary) and one key/value
+                            head per query head only.  Off by default, as in
+                            TransformerLens.
 
 The order and the arithmetic are TransformerLens's (``process_weights`` of
 HookedTransformer 3.x, the bridge's enable_compatibility_mode in 4.x); tests compare the
@@ -33,7 +41,8 @@ import numpy as np
 from .weights import LinearWeights, NormWeights
 
 F32 = np.float32
-OPTIONS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+OPTIONS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
+           "refactor_factored_attn_matrices")
 
 
 def _f32(a):
@@ -64,9 +73,11 @@ def _centred_rows(a):
 
 
 def processed_weights(cfg, w, *, fold_ln=False, center_writing_weights=False, center_unembed=False,
-                      fold_value_biases=False, fn="process_weights"):
+                      fold_value_biases=False, refactor_factored_attn_matrices=False, fn="process_weights"):
     """Weights -> processed Weights (new arrays; ``w`` is not modified)."""
     layer_norm = cfg.norm == "layer_norm"
+    if refactor_factored_attn_matrices:
+        check_refactor(cfg, fn)
     if center_writing_weights and not layer_norm:
         raise ValueError(f"{fn}: center_writing_weights needs LayerNorm (the next norm must remove the mean); "
                          f"this model uses {cfg.norm}")
@@ -101,6 +112,8 @@ def processed_weights(cfg, w, *, fold_ln=False, center_writing_weights=False, ce
             b_U = b_U - b_U.mean()
     if fold_value_biases:
         blocks = [_fold_value_bias(cfg, blk, center_writing_weights, fn) for blk in blocks]
+    if refactor_factored_attn_matrices:
+        blocks = [_refactor_attn(cfg, blk) for blk in blocks]
     return dataclasses.replace(w, wte=wte, wpe=wpe, blocks=tuple(blocks), ln_f=ln_f, lm_head=_f32(lm_head),
                                lm_head_bias=None if b_U is None else _f32(b_U))
 
@@ -129,6 +142,55 @@ def _fold_value_bias(cfg, blk, centre, fn):
                                attn_c_proj=LinearWeights(o.weight, _f32(b_O)))
 
 
+def check_refactor(cfg, fn):
+    """A clear error where refactor_factored_attn_matrices cannot apply."""
+    if cfg.position != "learned":
+        raise ValueError(f"{fn}: refactor_factored_attn_matrices needs learned positions: with {cfg.position} "
+                         f"embeddings W_Q W_K^T depends on the query's and key's positions")
+    if cfg.n_kv_head != cfg.n_head:
+        raise ValueError(f"{fn}: refactor_factored_attn_matrices needs one key/value head per query head; "
+                         f"this model has {cfg.n_head} query heads sharing {cfg.n_kv_head} key/value heads")
+    if not (cfg.qkv_bias and cfg.attn_out_bias):
+        raise ValueError(f"{fn}: refactor_factored_attn_matrices needs attention biases (b_Q, b_K, b_V, b_O), "
+                         f"which this model does not have")
+
+
+def _factored_svd(A, B):
+    """SVD of A @ B per head without forming it, TransformerLens's FactoredMatrix
+    arithmetic (float32, as it runs): A [H, m, k], B [H, k, n] ->
+    U [H, m, k], S [H, k], V [H, n, k] with U diag(S) V^T = A B."""
+    Ua, Sa, Vha = np.linalg.svd(A, full_matrices=False)
+    Ub, Sb, Vhb = np.linalg.svd(B, full_matrices=False)
+    middle = Sa[..., :, None] * (Vha @ Ub) * Sb[..., None, :]
+    Um, Sm, Vhm = np.linalg.svd(middle, full_matrices=False)
+    return Ua @ Um, Sm, Vhb.swapaxes(-1, -2) @ Vhm.swapaxes(-1, -2)
+
+
+def _refactor_attn(cfg, blk):
+    """One block's heads refactored (see the module docstring); the fused
+    c_attn [C, 3 H D] (q | k | v, head-major within each) keeps its layout."""
+    H, D = cfg.n_head, cfg.d_head
+    attn, o = blk.c_attn, blk.attn_c_proj
+    C = attn.weight.shape[0]
+    W = attn.weight.astype(F32).reshape(C, 3, H, D).transpose(1, 2, 0, 3)     # [3, H, C, D]
+    b = attn.bias.astype(F32).reshape(3, H, 1, D)
+    q_eff = np.concatenate([W[0], b[0]], axis=1)                              # [H, C + 1, D]
+    k_eff = np.concatenate([W[1], b[1]], axis=1)
+    U, S, V = _factored_svd(q_eff, k_eff.swapaxes(-1, -2))
+    root = np.sqrt(S)[:, None, :]
+    q_eff, k_eff = U * root, V * root                                         # [H, C + 1, D] each
+    W_O = o.weight.astype(F32).reshape(H, D, C)
+    b_O = o.bias.astype(F32) + (b[2].reshape(H, D, 1) * W_O).sum(1).sum(0)
+    U, S, V = _factored_svd(W[2], W_O)
+    W_V, W_O = U * S[:, None, :], V.swapaxes(-1, -2)                          # [H, C, D], [H, D, C]
+    W_new = np.stack([q_eff[:, :-1], k_eff[:, :-1], W_V])                     # [3, H, C, D]
+    b_new = np.stack([q_eff[:, -1], k_eff[:, -1], np.zeros((H, D), F32)])     # [3, H, D]
+    return dataclasses.replace(
+        blk, c_attn=LinearWeights(_f32(W_new.transpose(2, 0, 1, 3).reshape(C, 3 * H * D)),
+                                  _f32(b_new.reshape(3 * H * D))),
+        attn_c_proj=LinearWeights(_f32(W_O.reshape(H * D, C)), _f32(b_O)))
+
+
 def check_options(fn, options):
     """The processing flags as bools; a clear error for anything else."""
     out = {}
@@ -141,13 +203,14 @@ def check_options(fn, options):
 
 
 def process_weights(model, fold_ln=True, center_writing_weights=True, center_unembed=True,
-                    fold_value_biases=True):
+                    fold_value_biases=True, refactor_factored_attn_matrices=False):
     """A new Model with TransformerLens's weight processing applied (its
-    ``from_pretrained`` defaults: all four on).  ``model`` is not changed.
+    ``from_pretrained`` defaults: the first four on, the refactor off).  ``model`` is not changed.
     The model's weights must be float32 (``cyformer.load(..., dtype="float32")``)."""
     fn = "process_weights"
     flags = check_options(fn, dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                                   center_unembed=center_unembed, fold_value_biases=fold_value_biases))
+                                   center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                                   refactor_factored_attn_matrices=refactor_factored_attn_matrices))
     if model.dtype != "float32":
         raise ValueError(f"{fn}: weight processing rewrites the matrices in float32; this model's are "
                          f"{model.dtype} (load it with dtype='float32')")

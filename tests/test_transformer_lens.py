@@ -455,9 +455,6 @@ def test_torch_only_features_say_so(models):
         ours.add_hook("hook_embed", lambda x, hook: None, dir="bwd")
     with pytest.raises(TorchRequired, match="CPU"):
         ours.to("cuda")
-    with pytest.raises(NotImplementedError, match="refactor_factored_attn_matrices"):
-        TransformerBridge(cyformer.load(ours.model.path)).enable_compatibility_mode(
-            refactor_factored_attn_matrices=True)
 
 
 def test_the_model_keeps_its_own_surface(models):
@@ -491,7 +488,7 @@ def test_weight_processing_equals_transformer_lens(checkpoint, flags):
         theirs.enable_compatibility_mode(disable_warnings=True, **flags)
         plain = cyformer.load(checkpoint, threads=1)
         ours = HookedTransformer(cyformer.load(checkpoint, threads=1, **flags), tensors="torch")
-        assert ours.model.processing == flags
+        assert ours.model.processing == dict(flags, refactor_factored_attn_matrices=False)
         for name in WEIGHT_NAMES:
             np.testing.assert_allclose(numpy(getattr(ours, name)), numpy(getattr(theirs, name)), atol=1e-6,
                                        err_msg=name)
@@ -505,6 +502,65 @@ def test_weight_processing_equals_transformer_lens(checkpoint, flags):
         x = x.astype(np.float64)
         return x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
     np.testing.assert_allclose(log_probs(logits), log_probs(plain.forward(ids[0])), atol=1e-5)
+
+
+def _same_up_to_signs(ours, theirs, left, right, name):
+    """Per head, ours[left] and ours[right] are theirs' with each singular
+    component's sign flipped in both factors or in neither: SVD leaves that
+    sign free, and numpy's LAPACK and torch's choose differently.
+    left [L, H, m, k] (its columns are the components), right W_K [L, H, n, k]
+    or W_O [L, H, k, n].  Returns the signs [L, H, 1, k]."""
+    a, b = numpy(getattr(ours, left)), numpy(getattr(theirs, left))
+    sign = np.where((a * b).sum(-2, keepdims=True) < 0, -1.0, 1.0)          # [L, H, 1, k]
+    np.testing.assert_allclose(a * sign, b, atol=TOL, err_msg=f"{name}: {left}")
+    np.testing.assert_allclose(numpy(getattr(ours, right)) * (sign if right == "W_K" else sign.swapaxes(-1, -2)),
+                               numpy(getattr(theirs, right)),
+                               atol=TOL, err_msg=f"{name}: {right}")
+    return sign
+
+
+@pytest.mark.parametrize("entry", ["bridge", "load"])
+def test_refactor_factored_attn_matrices_equals_transformer_lens(checkpoint, entry):
+    """W_Q W_K^T and W_V W_O refactored as TransformerLens's bridge does (after
+    the default processing through cyformer's bridge; alone through
+    cyformer.load, where b_V moves into b_O): the same weights and biases up
+    to SVD's signs, the same logits, and the logits of the model without
+    the refactor (it is an identity of the function)."""
+    flags = dict.fromkeys(PROCESSING, entry == "bridge")
+    torch.set_grad_enabled(False)
+    try:
+        theirs = TheirBridge.boot_transformers(checkpoint, device="cpu")
+        theirs.enable_compatibility_mode(disable_warnings=True, refactor_factored_attn_matrices=True, **flags)
+        if entry == "bridge":
+            ours = TransformerBridge.boot_transformers(checkpoint, device="cpu", threads=1)
+            ours.enable_compatibility_mode(disable_warnings=True, refactor_factored_attn_matrices=True)
+        else:
+            ours = HookedTransformer(cyformer.load(checkpoint, threads=1, refactor_factored_attn_matrices=True),
+                                     tensors="torch")
+        assert ours.model.processing == dict(flags, refactor_factored_attn_matrices=True)
+        before = HookedTransformer(cyformer.load(checkpoint, threads=1, **flags), tensors="torch")
+        assert np.abs(numpy(before.b_V)).max() > 0 or entry == "bridge"
+        b_sign = _same_up_to_signs(ours, theirs, "W_Q", "W_K", entry)[:, :, 0]      # [L, H, k]
+        np.testing.assert_allclose(numpy(ours.b_Q) * b_sign, numpy(theirs.b_Q), atol=TOL, err_msg="b_Q")
+        np.testing.assert_allclose(numpy(ours.b_K) * b_sign, numpy(theirs.b_K), atol=TOL, err_msg="b_K")
+        _same_up_to_signs(ours, theirs, "W_V", "W_O", entry)
+        for name in ("b_V", "b_O"):
+            np.testing.assert_allclose(numpy(getattr(ours, name)), numpy(getattr(theirs, name)), atol=TOL,
+                                       err_msg=name)
+        assert not numpy(ours.b_V).any()
+        # the factorisations are "even": W_O's rows orthonormal, W_Q and W_K columns of equal norms
+        W_O = numpy(ours.W_O)
+        np.testing.assert_allclose(W_O @ W_O.swapaxes(-1, -2) - np.eye(W_O.shape[-2]), 0, atol=1e-5)
+        q = np.concatenate([numpy(ours.W_Q), numpy(ours.b_Q)[:, :, None]], axis=2)
+        k = np.concatenate([numpy(ours.W_K), numpy(ours.b_K)[:, :, None]], axis=2)
+        np.testing.assert_allclose((q * q).sum(2), (k * k).sum(2), rtol=1e-4)
+        assert np.abs(numpy(ours.W_Q) - numpy(before.W_Q)).max() > 0.1      # it did rewrite them
+        ids = torch.as_tensor(np.random.default_rng(0).integers(0, V, (1, 24)))
+        logits = numpy(ours(ids))
+        np.testing.assert_allclose(logits, numpy(theirs(ids)), atol=TOL)
+        np.testing.assert_allclose(logits, numpy(before(ids)), atol=1e-5)
+    finally:
+        torch.set_grad_enabled(True)
 
 
 def test_processed_model_on_every_path(checkpoint, tmp_path):
@@ -547,7 +603,9 @@ def test_processed_model_on_every_path(checkpoint, tmp_path):
 
 
 def test_weight_processing_refuses_what_it_cannot_do(checkpoint, tmp_path):
-    from cyformer.processing import process_weights
+    import dataclasses
+
+    from cyformer.processing import check_refactor, process_weights
     from helpers import make_hf_llama
 
     path = checkpoint
@@ -565,6 +623,19 @@ def test_weight_processing_refuses_what_it_cannot_do(checkpoint, tmp_path):
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=61, max_position_embeddings=32)
     with pytest.raises(ValueError, match="center_writing_weights needs LayerNorm"):
         cyformer.load(lpath, center_writing_weights=True)
+    # the refactor: learned positions and one key/value head per query head only
+    with pytest.raises(ValueError, match="refactor_factored_attn_matrices needs learned positions"):
+        cyformer.load(lpath, refactor_factored_attn_matrices=True)
+    with pytest.raises(ValueError, match="refactor_factored_attn_matrices needs learned positions"):
+        TransformerBridge(cyformer.load(lpath)).enable_compatibility_mode(fold_ln=False,
+                                                                          refactor_factored_attn_matrices=True)
+    gpt2 = cyformer.load(path).config
+    with pytest.raises(ValueError, match="4 query heads sharing 2 key/value heads"):
+        check_refactor(dataclasses.replace(gpt2, n_kv_head=2), "process_weights")
+    with pytest.raises(ValueError, match="needs attention biases"):
+        check_refactor(dataclasses.replace(gpt2, qkv_bias=False), "process_weights")
+    with pytest.raises(TypeError, match="refactor_factored_attn_matrices must be True or False"):
+        cyformer.load(path, refactor_factored_attn_matrices=1)
     plain, folded = cyformer.load(lpath), cyformer.load(lpath, fold_ln=True, fold_value_biases=True)
     ids = np.arange(1, 20)
     np.testing.assert_allclose(folded.forward(ids), plain.forward(ids), atol=1e-4)

@@ -118,16 +118,17 @@ class HookedTransformer:
 
     @classmethod
     def from_pretrained(cls, path=None, fold_ln=True, center_writing_weights=True, center_unembed=True,
-                        fold_value_biases=True, device=None, dtype=None, tensors="numpy", threads=None,
-                        **load_options):
+                        fold_value_biases=True, refactor_factored_attn_matrices=False, device=None, dtype=None,
+                        tensors="numpy", threads=None, **load_options):
         """Load ``path`` (a checkpoint directory, or a Hub name cyformer.load
-        finds) with TransformerLens's weight processing (all four on, as its
-        from_pretrained) and wrap it."""
+        finds) with TransformerLens's weight processing (as its
+        from_pretrained: the refactor off, the others on) and wrap it."""
         _check_device("from_pretrained", device)
         _check_dtype("from_pretrained", dtype)
         import cyformer
         model = cyformer.load(path, threads=threads, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                              center_unembed=center_unembed, fold_value_biases=fold_value_biases, **load_options)
+                              center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                              refactor_factored_attn_matrices=refactor_factored_attn_matrices, **load_options)
         return cls(model, tensors=tensors)
 
     @classmethod
@@ -470,13 +471,11 @@ class HookedTransformer:
         bridge's defaults: fold_ln and the centring on), once; the wrapper
         then reads a processed copy (cyformer.processing.process_weights)."""
         from ..processing import process_weights
-        if refactor_factored_attn_matrices and not no_processing:
-            raise NotImplementedError("enable_compatibility_mode: refactor_factored_attn_matrices is not "
-                                      "offered by cyformer; the other four options are")
         if self.compatibility_mode:
             raise ValueError("enable_compatibility_mode: already enabled; weight processing is applied once")
         flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                     center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+                     center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                     refactor_factored_attn_matrices=refactor_factored_attn_matrices)
         if not no_processing and any(flags.values()):
             if self.model.config.norm != "layer_norm":
                 flags["center_writing_weights"] = False  # as TransformerLens: only LayerNorm models centre
