@@ -40,7 +40,7 @@ thread.
 import queue
 import threading
 from collections import deque
-from typing import NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -64,6 +64,10 @@ def default_kv_cache_mb():
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4 / 2**20
     except (ValueError, OSError, AttributeError):
         return 4096.0
+
+
+# a stream's callback: each Event of its generation, then None, in the scheduler's thread
+Sink = Callable[[Optional["Event"]], Any]
 
 
 class EngineBusy(CyformerError):
@@ -116,7 +120,7 @@ class EngineStream(Finished):
         self._sink = sink
         self._sink_error = None  # what the sink raised, if it did
         self._scheduler_thread = scheduler_thread  # None: run in the caller's thread (run_batch)
-        self._events = queue.SimpleQueue() if sink is None else None
+        self._events: "Optional[queue.SimpleQueue[Event]]" = queue.SimpleQueue() if sink is None else None
         self._cancel = threading.Event()
         self._done = threading.Event()
         self.error = None  # the exception that ended it, if one did
@@ -511,19 +515,24 @@ class Engine:
 
     # -- requests --
 
-    def generate(self, prompt, max_new_tokens=NOT_GIVEN, *, request=None, sink=None, **options):
+    def generate(self, prompt: Any, max_new_tokens: Any = NOT_GIVEN, *,
+                 request: Optional[GenerationRequest] = None, sink: Optional[Sink] = None,
+                 **options: Any) -> "EngineStream":
         """Queue a generation (arguments as Model.generate); returns its EngineStream.
         Raises ValueError for bad arguments, EngineBusy when the queue is full."""
         g = Generation(self.model, prompt, GenerationRequest.build(request, max_new_tokens, **options))
         return self.submit([g], sink)[0]
 
-    def chat(self, messages, max_new_tokens=NOT_GIVEN, *, request=None, template_vars=None, sink=None, **options):
+    def chat(self, messages: Sequence[Dict[str, Any]], max_new_tokens: Any = NOT_GIVEN, *,
+             request: Optional[GenerationRequest] = None, template_vars: Optional[Dict[str, Any]] = None,
+             sink: Optional[Sink] = None, **options: Any) -> "EngineStream":
         """Queue the assistant's reply to ``messages`` (as Model.chat); returns its EngineStream."""
         from .chat import chat_generation
         req = GenerationRequest.build(request, max_new_tokens, CHAT_MAX_NEW_TOKENS, **options)
         return self.submit([chat_generation(self.model, messages, req, template_vars)], sink)[0]
 
-    def submit(self, generations, sink=None):
+    def submit(self, generations: Sequence[Generation],
+               sink: Union[None, Sink, Sequence[Optional[Sink]]] = None) -> "List[EngineStream]":
         """Queue Generations (all or none); returns their EngineStreams.
         sink: one callable for all of them, or a list with one per generation."""
         if not isinstance(generations, (list, tuple)) or not all(isinstance(g, Generation) for g in generations):
@@ -548,16 +557,16 @@ class Engine:
         return streams
 
     @property
-    def queue_depth(self):
+    def queue_depth(self) -> int:
         """Requests waiting for a slot."""
         return len(self._incoming) + len(self.scheduler.waiting)
 
     @property
-    def active(self):
+    def active(self) -> int:
         """Sequences in the batch (prefilling or decoding)."""
         return len(self.scheduler.active)
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         """Counters and gauges: queue_depth, active, steps, admitted, finished,
         cancelled, failed, preempted, prompt/prefilled/generated tokens,
         kv_cache (bytes, max_bytes, peak_bytes, positions), prefix_cache."""
@@ -596,10 +605,10 @@ class Engine:
                 sched.fail_all(e)
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._thread.is_alive()
 
-    def close(self, cancel=False, timeout=None):
+    def close(self, cancel: bool = False, timeout: Optional[float] = None) -> bool:
         """Stop taking requests; finish the queued and running ones (or cancel
         them with cancel=True); wait up to ``timeout`` s for the scheduler
         thread to end.  Returns True once it has ended.  From a sink (the

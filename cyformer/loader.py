@@ -59,32 +59,32 @@ def load(path: "str | os.PathLike | None" = None, *, threads: "int | None" = Non
         raise ValueError(f"load: weight processing rewrites the matrices in float32; it cannot be combined "
                          f"with dtype={dtype!r}")
     try:
-        path = default_model_path() if path is None else os.fsdecode(os.fspath(path))
+        where: str = default_model_path() if path is None else os.fsdecode(os.fspath(path))
     except TypeError:
         raise ValueError(f"load: path must be a str or os.PathLike, got {path!r}") from None
-    if path == DEFAULT_MODEL and not os.path.isdir(path):
-        path = default_model_path()  # the bundled model by its name, as `cyformer serve` calls it
-    if os.path.isfile(path) and (path.endswith(".gguf") or gguf_file(path)):  # llama.cpp's format
+    if where == DEFAULT_MODEL and not os.path.isdir(where):
+        where = default_model_path()  # the bundled model by its name, as `cyformer serve` calls it
+    if os.path.isfile(where) and (where.endswith(".gguf") or gguf_file(where)):  # llama.cpp's format
         if any(processing.values()):
             raise ValueError("load: weight processing is not available for a GGUF file")
-        cfg, weights, tokenizer, generation, tensors = read_gguf(path, dtype)
-        model = Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend,
+        cfg, weights, tokenizer, generation, tensors = read_gguf(where, dtype)
+        model = Model(cfg, weights, threads=threads, path=where, tokenizer=tokenizer, backend=backend,
                       generation_config=generation, reload=reload)
         model.gguf_tensors = tensors  # cyformer info: per tensor kind
         model.load_dtype = dtype  # pickling loads the file again the same way
         return model
-    path = hub.resolve(path)  # a Hub name ("owner/name") -> its cached snapshot
-    if not os.path.isdir(path):
+    where = hub.resolve(where)  # a Hub name ("owner/name") -> its cached snapshot
+    if not os.path.isdir(where):
         hint = ""
-        if "/" not in path and os.sep not in path:
-            hint = (f" (a Hugging Face Hub model is named owner/name, e.g. openai-community/{path}; "
+        if "/" not in where and os.sep not in where:
+            hint = (f" (a Hugging Face Hub model is named owner/name, e.g. openai-community/{where}; "
                     f"the bundled model is {DEFAULT_MODEL!r})")
-        raise ModelLoadError(f"{path}: model directory not found{hint}")
-    cfg = read_config(os.path.join(path, "config.json"))
-    weights = load_weights(path, cfg, dtype=dtype, progress=_progress(cfg, dtype))
-    tokenizer = load_tokenizer(path)
-    generation = read_generation_config(path, cfg.vocab_size)
-    model = Model(cfg, weights, threads=threads, path=path, tokenizer=tokenizer, backend=backend,
+        raise ModelLoadError(f"{where}: model directory not found{hint}")
+    cfg = read_config(os.path.join(where, "config.json"))
+    weights = load_weights(where, cfg, dtype=dtype, progress=_progress(cfg, dtype))
+    tokenizer = load_tokenizer(where)
+    generation = read_generation_config(where, cfg.vocab_size)
+    model = Model(cfg, weights, threads=threads, path=where, tokenizer=tokenizer, backend=backend,
                   generation_config=generation, reload=reload)
     return process_weights(model, **processing) if any(processing.values()) else model
 

@@ -12,13 +12,14 @@ go through it, and ``blocks``/``unembed`` are read-only views of the weights
 """
 
 import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _checks
 from .backends import make_backend
 from .config import Config
-from .generate import Generation, Stream
+from .generate import GeneratedText, Generation, Stream
 from .hooks import ActivationCache, HookOptions, HookPoints, select
 from .model_files import GenerationConfig
 from .processing import OPTIONS as PROCESSING_OPTIONS
@@ -36,6 +37,11 @@ _LENS_NAMES = frozenset((
     "accumulated_bias", "tokens_to_residual_directions", "all_head_labels", "hook_points",
     "remove_all_hook_fns", "clear_contexts", "enable_compatibility_mode"))
 
+# a prompt: text, token ids, or (for generate) several of either
+Prompt = Union[str, Sequence[int], np.ndarray, Sequence[Any]]
+# chat messages: [{"role": ..., "content": ...}, ...]
+Messages = Sequence[Dict[str, Any]]
+
 
 class Model:
     """A loaded model: embedding, blocks, final norm and unembedding.
@@ -46,8 +52,13 @@ class Model:
     ``cyformer.tl.HookedTransformer(model)`` (cyformer.tl).
     """
 
+    # set by cyformer.load for a GGUF file: per tensor kind, the file's type and
+    # what runs (cyformer info), and the dtype it was loaded with (pickling)
+    gguf_tensors: Optional[Dict[str, Any]] = None
+    load_dtype: Optional[str] = None
+
     def __init__(self, cfg: Config, weights: Weights, threads=None, path=None, tokenizer=None,
-                 backend="cython", generation_config: GenerationConfig = None, reload=None):
+                 backend="cython", generation_config: Optional[GenerationConfig] = None, reload=None):
         self.config = cfg
         # eos ids and default sampling values (generation_config.json)
         self.generation_config = generation_config if generation_config is not None else GenerationConfig()
@@ -68,7 +79,7 @@ class Model:
         self._reload = reload
 
     @property
-    def dtype(self):
+    def dtype(self) -> str:
         """The format of the weight matrices: "float32", "bfloat16", "int8" or "int4"."""
         from .weights import weight_format
         return weight_format(self.weights)
@@ -82,7 +93,8 @@ class Model:
             self._float_weights = dequantized(self.weights)
         return self._float_weights
 
-    def save(self, directory, format="safetensors", dtype=None):
+    def save(self, directory: "str | os.PathLike[str]", format: str = "safetensors",
+             dtype: Optional[str] = None) -> str:
         """Write the model, in its weight format, as a Hugging Face-style
         directory that ``cyformer.load(directory)`` maps without converting
         (config, tokenizer files, model.safetensors; cyformer.saving).
@@ -113,10 +125,10 @@ class Model:
             raise TypeError("a Model built from weights in memory cannot be pickled or copied: "
                             "only one loaded with cyformer.load(path) can (it is loaded again)")
         return self._reload, (os.path.abspath(self.path), self.threads, self.backend.name,
-                              getattr(self, "load_dtype", self.dtype),
+                              self.load_dtype or self.dtype,
                               dict(self.processing))
 
-    def forward(self, ids):
+    def forward(self, ids: Union[Sequence[int], np.ndarray]) -> np.ndarray:
         """Logits for every position: ids [T] -> [T, V], or [B, T] -> [B, T, V] (float32).
 
         Each sequence runs from position 0 with its own cache; positions only
@@ -165,7 +177,8 @@ class Model:
         from .hooks import hook_names
         return hook_names(self.config, self.hook_options)
 
-    def run_with_cache(self, ids, names=None, fwd_hooks=()):
+    def run_with_cache(self, ids: Union[Sequence[int], np.ndarray], names: Any = None,
+                       fwd_hooks: Sequence[Any] = ()) -> "tuple[np.ndarray, ActivationCache]":
         """Logits plus the activations at the hook points: -> (logits, cache).
 
         ids [T] or [B, T] as for forward(), or a str (encoded as generate()
@@ -185,7 +198,7 @@ class Model:
         cache.hook_names = self.hook_names()  # so a misspelt key gets the nearest names
         return logits, cache
 
-    def run_with_hooks(self, ids, fwd_hooks=()):
+    def run_with_hooks(self, ids: Union[Sequence[int], np.ndarray], fwd_hooks: Sequence[Any] = ()) -> np.ndarray:
         """Logits of a forward pass whose activations the hooks may change.
 
         fwd_hooks: pairs (name, fn), name a hook name or a predicate name ->
@@ -219,17 +232,19 @@ class Model:
 
     # -- text -------------------------------------------------------------
 
-    def encode(self, text):
+    def encode(self, text: str) -> List[int]:
         """str -> list of token ids (needs the checkpoint's tokenizer.json)."""
         return self.tokenizer.encode(text)
 
-    def decode(self, ids):
+    def decode(self, ids: Union[Sequence[int], np.ndarray]) -> str:
         """token ids -> str (needs the checkpoint's tokenizer.json)."""
         return self.tokenizer.decode(_checks.token_ids("decode", "ids", ids, self.config.vocab_size, ndim=1))
 
     # -- generation -------------------------------------------------------
 
-    def generate(self, prompt, max_new_tokens=NOT_GIVEN, *, request=None, cache_names=None, **options):
+    def generate(self, prompt: Prompt, max_new_tokens: Any = NOT_GIVEN, *,
+                 request: Optional[GenerationRequest] = None, cache_names: Any = None,
+                 **options: Any) -> Any:
         """Continue ``prompt`` (a str, or a sequence of token ids).
 
         Returns the new text (a str with ``.token_ids``, ``.finish_reason`` and
@@ -286,7 +301,7 @@ class Model:
         req = GenerationRequest.build(request, max_new_tokens, **options)
         return Generation(self, prompt, req, cache_names=cache_names).result()
 
-    def score(self, text):
+    def score(self, text: Union[str, Sequence[int], np.ndarray]) -> np.ndarray:
         """Per-token log-likelihoods of a given text (a str, encoded as a
         prompt, or token ids [T]): float64 [T - 1], entry i the log-probability
         of token i + 1 after tokens 0..i (log_softmax in float64).  The first
@@ -304,13 +319,16 @@ class Model:
             out[t0:t1] = log_softmax(logits[t0:t1])[np.arange(t1 - t0), ids[t0 + 1:t1 + 1]]
         return out
 
-    def stream(self, prompt, max_new_tokens=NOT_GIVEN, *, request=None, **options):
+    def stream(self, prompt: Prompt, max_new_tokens: Any = NOT_GIVEN, *,
+               request: Optional[GenerationRequest] = None, **options: Any) -> Stream:
         """Like generate(), but yields pieces as they are produced: str pieces
         (never splitting a UTF-8 character) for a str prompt, int ids for an
         ids prompt.  The returned iterator has ``finish_reason`` once exhausted."""
         return Stream(Generation(self, prompt, GenerationRequest.build(request, max_new_tokens, **options)))
 
-    def chat(self, messages, max_new_tokens=NOT_GIVEN, *, request=None, template_vars=None, **options):
+    def chat(self, messages: Messages, max_new_tokens: Any = NOT_GIVEN, *,
+             request: Optional[GenerationRequest] = None,
+             template_vars: Optional[Dict[str, Any]] = None, **options: Any) -> GeneratedText:
         """The assistant's reply to ``messages`` ([{"role": ..., "content": ...}, ...]),
         rendered with the checkpoint's chat template (cyformer.chat) and ended
         at its end-of-turn token.  Options as for generate(), max_new_tokens
@@ -319,7 +337,9 @@ class Model:
         req = GenerationRequest.build(request, max_new_tokens, CHAT_MAX_NEW_TOKENS, **options)
         return chat_generation(self, messages, req, template_vars).result()
 
-    def chat_stream(self, messages, max_new_tokens=NOT_GIVEN, *, request=None, template_vars=None, **options):
+    def chat_stream(self, messages: Messages, max_new_tokens: Any = NOT_GIVEN, *,
+                    request: Optional[GenerationRequest] = None,
+                    template_vars: Optional[Dict[str, Any]] = None, **options: Any) -> Stream:
         """Like chat(), but yields the reply's str pieces as stream() does."""
         from .chat import chat_generation
         req = GenerationRequest.build(request, max_new_tokens, CHAT_MAX_NEW_TOKENS, **options)

@@ -76,6 +76,9 @@ for LV in $LEVELS; do
         "$ROOT/tests/test_llama.py" -k "logits_match or backends_agree or decode_steps"
 done
 
+# Static types of the public surface ([tool.mypy] in pyproject.toml names the files).
+(cd "$ROOT" && "$VENV/bin/python" -m mypy)
+
 # The benchmark, as a smoke test only (timings on a shared machine are not checked).
 "$VENV/bin/python" "$ROOT/bench/run.py" --quick --out "$BENCH_OUT"
 
