@@ -81,9 +81,16 @@ print(cyformer.build_info()["isa"], "kernels;", "OpenMP", "on" if cyformer.build
 
 # %%
 results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "results")
-latest = sorted(p for p in glob.glob(os.path.join(results, "*.json")))[-1]
-with open(latest) as f:
-    run = json.load(f)
+
+def backends_run(path):
+    """bench/run.py's results (other benchmarks write JSON there too), or None."""
+    with open(path) as f:
+        run = json.load(f)
+    return run if isinstance(run, dict) and "gpt2_small" in run else None
+
+
+latest, run = [(p, r) for p in sorted(glob.glob(os.path.join(results, "*.json")))
+               if (r := backends_run(p)) is not None][-1]
 print(os.path.basename(latest))
 small = run["gpt2_small"]
 median = {who: {k: float(np.median(v)) for k, v in m.items()} for who, m in small.items()}
