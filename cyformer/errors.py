@@ -25,3 +25,8 @@ class TorchRequired(CyformerError, NotImplementedError):
 class StructuredOutputUnavailable(CyformerError, ImportError):
     """Structured output (a JSON schema or grammar) was asked for, but llguidance
     is not installed: pip install 'cyformer[structured]'."""
+
+
+class IndexOutOfRange(CyformerError, IndexError):
+    """A layer, position or other index outside the axis it indexes (an
+    IndexError, as NumPy and TransformerLens raise, with a message naming it)."""

@@ -8,9 +8,8 @@ and ``cyformer.interp.__all__``, the public methods of ``cyformer.Model``
 open, open_corpus, and a JobOutput's methods), the engine (an Engine's
 public methods on the bundled model, and its streams'), saving (Model.save,
 with any path under the test's directory) and the TransformerLens layer
-(Model's inherited HookedTransformer methods; an ActivationCache's methods
-are not fuzzed yet: they still leak NumPy errors for hostile layer and
-slice arguments).
+(Model's inherited HookedTransformer methods, and the methods of the
+ActivationCache that run_with_cache returns).
 Classes are left out: a Model is built by load(), and
 the interp classes are results or plumbing that load() and run_with_cache
 build (CONSTRUCTED_ELSEWHERE, checked to be complete).
@@ -44,6 +43,7 @@ import cyformer
 import cyformer.interp as interp
 from cyformer import CyformerError, jobs
 from cyformer.engine import Engine
+from cyformer.tl.cache import ActivationCache
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(cyformer.__file__))
 CASES = int(40 * float(os.environ.get("CYFORMER_FUZZ_SCALE", "1")))
@@ -92,7 +92,11 @@ def good_values(model, tmp):
         "directory": [str(tmp / "saved")],
         # the TransformerLens cache
         "layer": [None, 1, -1], "pos_slice": [None, -1, [0, 1]], "incl_mid": [False, True],
-        "apply_ln": [False, True],
+        "apply_ln": [False, True], "mlp_input": [False, True], "return_labels": [False, True],
+        "incl_remainder": [False, True], "mode": ["all", "attn"], "activation_name": ["resid_post", "pattern"],
+        "neuron_slice": [None, (0, 4), 2], "batch_slice": [None, 0], "has_batch_dim": [True],
+        "residual_stack": [_tl_cache(model).accumulated_resid()], "incorrect_tokens": [None],
+        "key": ["hook_embed", ("resid_post", -1)], "device": ["cpu"],
     }
 
 
@@ -142,8 +146,8 @@ def entry_points(model):
     return out
 
 
-# Methods that end the object the other entries share (fuzzed through their arguments elsewhere).
-NOT_FUZZED = {"Engine.close"}
+# Methods that end or reshape the object the other entries share and take no arguments.
+NOT_FUZZED = {"Engine.close", "ActivationCache.remove_batch_dim"}
 
 
 def _job_output(model):
@@ -152,6 +156,12 @@ def _job_output(model):
     out = os.path.join(tempfile.mkdtemp(prefix="cyformer-fuzz-"), "scores")
     jobs.score(_corpus(__import__("pathlib").Path(os.path.dirname(out))), out, model, progress=False)
     return jobs.open(out)
+
+
+def _tl_cache(model):
+    from cyformer.tl import HookedTransformer
+
+    return HookedTransformer(model).run_with_cache(ids_of(model))[1]
 
 
 def _engine(model):
@@ -164,6 +174,7 @@ RESULT_FACTORIES = {
     interp.LogitLens: lambda m: interp.logit_lens(m, ids_of(m), k=2),
     interp.LogitAttribution: lambda m: interp.direct_logit_attribution(m, ids_of(m), 3),
     Engine: _engine,
+    ActivationCache: lambda m: _tl_cache(m),
 }
 try:
     import pyarrow  # noqa: F401 - a JobOutput of Parquet shards needs it

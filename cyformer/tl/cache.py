@@ -22,9 +22,11 @@ buffers on the torch surface.
 """
 
 import functools
+import inspect
 
 import numpy as np
 
+from ..errors import IndexOutOfRange
 from ..hooks import ActivationCache as _NameCache
 from .names import get_act_name
 
@@ -43,7 +45,7 @@ def _apply_slice(x, sl, axis):
 
     if is_int(sl):
         if not -n <= int(sl) < n:
-            raise IndexError(f"slice index {int(sl)} is out of range for an axis of {n}")
+            raise IndexOutOfRange(f"slice index {int(sl)} is out of range for an axis of {n}")
         return np.take(x, int(sl), axis=axis)
     if isinstance(sl, tuple):
         if not 1 <= len(sl) <= 3 or not all(v is None or is_int(v) for v in sl):
@@ -57,26 +59,74 @@ def _apply_slice(x, sl, axis):
         if isinstance(sl, (str, bytes, dict, float, bool, np.bool_)):
             raise TypeError(f"a slice is None, an int, a (start, stop[, step]) tuple, a slice or a list "
                             f"of ints, got {type(sl).__name__} {sl!r:.40}")
-        index = np.asarray(sl)
+        if isinstance(sl, range) and len(sl) and (min(sl[0], sl[-1]) < -n or max(sl[0], sl[-1]) >= n):
+            raise IndexOutOfRange(f"slice {sl!r:.60} is out of range for an axis of {n}")
+        try:
+            index = np.asarray(sl)
+        except ValueError:
+            raise TypeError(f"a slice's list of indices must be flat, got {sl!r:.60}") from None
         if index.dtype.kind == "b":
             if index.shape != (n,):
-                raise IndexError(f"a boolean slice needs {n} entries, got shape {index.shape}")
+                raise IndexOutOfRange(f"a boolean slice needs {n} entries, got shape {index.shape}")
         elif index.dtype.kind not in "iu" and index.size:
             raise TypeError(f"a slice's indices must be integers, got {index.dtype}")
         else:
             index = index.astype(np.int64)
             if index.size and (index.min() < -n or index.max() >= n):
-                raise IndexError(f"slice indices {index.min()}..{index.max()} out of range for an axis of {n}")
+                raise IndexOutOfRange(f"slice indices {index.min()}..{index.max()} out of range for an axis of {n}")
     full = [slice(None)] * x.ndim
     full[axis] = index
     return x[tuple(full)]
 
 
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _layer_arg(layer, n_layers, what="layer", end=True):
+    """A layer argument as an index in [0, n_layers] (end: a stack up to the
+    final stream, where None and -1 mean n_layers) or [0, n_layers)
+    (a layer's own activation, where -1 is the last layer, as cache keys
+    count).  A wrong type is a TypeError, a layer out of range an
+    IndexError, each naming ``what``."""
+    if end and layer is None:
+        return n_layers
+    if not _is_int(layer):
+        raise TypeError(f"{what} must be an int{' or None' if end else ''}, got "
+                        f"{type(layer).__name__} {layer!r:.40}")
+    layer = int(layer)
+    if end:
+        if layer == -1:
+            return n_layers
+        if not 0 <= layer <= n_layers:
+            raise IndexOutOfRange(f"{what} must be in [0, {n_layers}] or -1, got {layer}")
+        return layer
+    if not -n_layers <= layer < n_layers:
+        raise IndexOutOfRange(f"{what} must be in [{-n_layers}, {n_layers}), got {layer}")
+    return layer % n_layers
+
+
+def _stack_arg(stack, d_model, what="residual_stack"):
+    """A stack [N, ..., C] of real numbers with C = d_model, as NumPy."""
+    stack = np.asarray(stack)
+    if stack.dtype.kind not in "fiu":
+        raise TypeError(f"{what} must hold real numbers, got dtype {stack.dtype}")
+    if stack.ndim < 2 or stack.shape[-1] != d_model:
+        raise ValueError(f"{what} must be [N, ..., {d_model}], got shape {stack.shape}")
+    return stack
+
+
 def _kinds(method):
     """A method that computes in NumPy and hands out the wrapper's kind:
     array arguments (tensors too) in as NumPy, the array result out."""
+    flags = [n for n, p in inspect.signature(method).parameters.items() if isinstance(p.default, bool)]
+
     @functools.wraps(method)
     def wrapper(self, *args, **options):
+        bound = inspect.signature(method).bind(self, *args, **options).arguments
+        for name in flags:
+            if name in bound and not isinstance(bound[name], (bool, np.bool_)):
+                raise TypeError(f"{method.__name__}: {name} must be True or False, got {bound[name]!r:.40}")
         args = [self._np(a) if hasattr(a, "shape") else a for a in args]
         options = {k: self._np(v) if hasattr(v, "shape") else v for k, v in options.items()}
         out = method(self, *args, **options)
@@ -123,6 +173,11 @@ class ActivationCache(_NameCache):
         return [(k, self[k]) for k in self]
 
     def get(self, key, default=None):
+        try:
+            hash(key)
+        except TypeError:
+            raise TypeError(f"cache keys are hook names or (name, layer[, layer_type]) tuples, "
+                            f"got {type(key).__name__}") from None
         return self[key] if key in self else default
 
     def __getitem__(self, key):
@@ -181,12 +236,7 @@ class ActivationCache(_NameCache):
     # -- stacks of the residual stream ----------------------------------
 
     def _last_layer(self, layer):
-        L = self._n_layers()
-        if layer is None or layer == -1:
-            return L
-        if not 0 <= layer <= L:
-            raise ValueError(f"layer must be in [0, {L}] or -1, got {layer}")
-        return layer
+        return _layer_arg(layer, self._n_layers())
 
     @_kinds
     def accumulated_resid(self, layer=None, incl_mid=False, apply_ln=False, pos_slice=None,
@@ -291,11 +341,22 @@ class ActivationCache(_NameCache):
     def stack_activation(self, activation_name, layer=-1, sublayer_type=None):
         """One activation of each layer before ``layer``, stacked: [layers, ...]."""
         layer = self._last_layer(layer)
-        return np.stack([self._get((activation_name, i, sublayer_type)) for i in range(layer)])
+        if not isinstance(activation_name, str):
+            raise TypeError(f"stack_activation: activation_name must be a str, got {type(activation_name).__name__}")
+        if sublayer_type is not None and not isinstance(sublayer_type, str):
+            raise TypeError(f"stack_activation: sublayer_type must be a str or None, got {sublayer_type!r:.40}")
+        if layer == 0:
+            raise ValueError("stack_activation: layer 0 stacks no layers; give a layer in [1, n_layers] or -1")
+        try:
+            parts = [self._get((activation_name, i, sublayer_type)) for i in range(layer)]
+        except KeyError as e:
+            raise ValueError(f"stack_activation: {e.args[0] if e.args else e}") from None
+        return np.stack(parts)
 
     @_kinds
     def get_neuron_results(self, layer, neuron_slice=None, pos_slice=None):
         """Each neuron's write at ``layer``: post * W_out[n] -> [..., F, C]."""
+        layer = _layer_arg(layer, self._n_layers(), end=False)
         post = _apply_slice(self._get(("post", layer)), pos_slice, -2)
         W_out = self._np(self.model.W_out)[layer]
         if neuron_slice is not None:
@@ -311,8 +372,7 @@ class ActivationCache(_NameCache):
         F = self._cfg().d_mlp
         for i in range(layer):
             parts.append(np.moveaxis(self.get_neuron_results(i, neuron_slice, pos_slice), -2, 0))
-            idx = range(F) if neuron_slice is None else np.arange(F)[neuron_slice if not isinstance(
-                neuron_slice, tuple) else slice(*neuron_slice)]
+            idx = range(F) if neuron_slice is None else _apply_slice(np.arange(F), neuron_slice, 0)
             labels += [f"L{i}N{n}" for n in np.atleast_1d(idx)]
         stack = np.concatenate(parts) if parts else np.zeros(
             (0,) + _apply_slice(self._get(("hook_embed")), pos_slice, -2).shape, dtype=np.float32)
@@ -335,12 +395,15 @@ class ActivationCache(_NameCache):
         as TransformerLens does.  recompute_ln (final norm only): each
         component through the whole final norm with its own statistics, gain
         and bias, for the logit lens."""
-        stack = np.asarray(residual_stack)
         L = self._n_layers()
         layer = self._last_layer(layer)
-        if has_batch_dim and self.has_batch_dim:
-            stack = _apply_slice(stack, batch_slice, 1)
         cfg = self._cfg()
+        stack = _stack_arg(residual_stack, cfg.n_embd)
+        if has_batch_dim and self.has_batch_dim:
+            if stack.ndim < 3:
+                raise ValueError(f"apply_ln_to_stack: a stack with a batch axis is [N, B, ..., C], "
+                                 f"got shape {stack.shape}")
+            stack = _apply_slice(stack, batch_slice, 1)
         if recompute_ln and layer == L:
             from ..kernels import norm
             ln = self.model.model.weights.ln_f
@@ -355,6 +418,11 @@ class ActivationCache(_NameCache):
         scale = _apply_slice(self._get((key)), pos_slice, -2)
         if self.has_batch_dim:
             scale = _apply_slice(scale, batch_slice, 0)
+        try:
+            np.broadcast_shapes(stack.shape, scale.shape)
+        except ValueError:
+            raise ValueError(f"apply_ln_to_stack: a stack of shape {stack.shape} does not match the "
+                             f"norm scale's {scale.shape} (after pos_slice/batch_slice)") from None
         return stack / scale
 
     @_kinds
@@ -375,4 +443,9 @@ class ActivationCache(_NameCache):
             directions = directions - wrong
         scaled = self._np(self.apply_ln_to_stack(residual_stack, -1, pos_slice=pos_slice, batch_slice=batch_slice,
                                         has_batch_dim=has_batch_dim))
+        try:
+            np.broadcast_shapes(scaled.shape, np.shape(directions))
+        except ValueError:
+            raise ValueError(f"logit_attrs: tokens' shape {np.shape(directions)[:-1]} does not match the "
+                             f"stack's {scaled.shape[1:-1]}") from None
         return (scaled * directions).sum(axis=-1)
