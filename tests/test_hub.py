@@ -67,7 +67,8 @@ def test_a_directory_wins_over_a_repo_id(hub_cache, tmp_path, monkeypatch):
     local = tmp_path / "work" / REPO
     shutil.copytree(default_model_path(), local)
     monkeypatch.chdir(tmp_path / "work")
-    assert cyformer.load(REPO).path == REPO
+    # the local directory, not the Hub cache's snapshot (Model.path is made absolute at load)
+    assert os.path.realpath(cyformer.load(REPO).path) == os.path.realpath(local)
 
 
 @pytest.mark.parametrize("name", ["/no/such/dir", "no-such-dir", "a/b/c", "./x/y", "a/../b", "a--b/c"])
