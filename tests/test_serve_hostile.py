@@ -185,6 +185,58 @@ def test_ctrl_c_stops_the_server_cleanly():
     assert "[cyformer] stopped" in err and "Traceback" not in err
 
 
+def test_requests_cut_by_the_shutdown_get_json():
+    """Issue 30: a request still running when SIGTERM's grace ends gets an
+    OpenAI-style JSON 503 (uvicorn's own answer would be a plain-text 500),
+    and the server still exits 0."""
+    import socket
+    import threading
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.Popen([sys.executable, "-m", "cyformer", "serve", "--port", str(port), "--grace", "0.5",
+                             "--threads", "1"], stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        # 32 prompts x 400 tokens: far longer than the half-second grace
+        body = {"model": NAME, "prompt": ["def f(x):"] * 32, "max_tokens": 400, "ignore_eos": True,
+                "temperature": 0}
+        answer = {}
+
+        def post():
+            answer["r"] = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+
+        t = threading.Thread(target=post)
+        t.start()
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/metrics", timeout=5).text.find("cyformer_active_sequences 0.0") >= 0 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the generation is running
+        proc.send_signal(signal.SIGTERM)
+        t.join(timeout=120)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    r = answer["r"]
+    assert r.status_code == 503, r.text[:500]
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["error"]["type"] == "server_shutting_down" and r.headers["retry-after"] == "1"
+    assert proc.returncode == 0, err[-2000:]
+
+
 # -- the property test ----------------------------------------------------------------
 
 VALID = {

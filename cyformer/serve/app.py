@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine import Engine
 from ..errors import CyformerError
 from . import protocol as P
-from .serving import MAX_PROMPTS, APIError, OpenAIServing, new_id
+from .serving import MAX_PROMPTS, RETRY_AFTER_S, APIError, OpenAIServing, new_id
 
 ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
              "/tokenizer_info", "/health", "/metrics")
@@ -392,6 +392,15 @@ class Gate:
                 raise
             status[0] = 413
             await self.too_large()(scope, receive, send)
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when a shutdown's grace
+            # ends, and would answer them with a plain-text 500: say it in JSON
+            if started[0]:
+                raise
+            status[0] = 503
+            await error_response(APIError(503, "the server shut down before this request finished",
+                                          kind="server_shutting_down", code="shutting_down",
+                                          headers={"Retry-After": str(RETRY_AFTER_S)}))(scope, receive, send)
         finally:
             self.counter.labels(endpoint, str(status[0])).inc()
 
