@@ -155,8 +155,9 @@ def test_errors_do_not_show_the_servers_file_system(model, tmp_path):
     assert str(plain) not in r.text and str(tmp_path) not in r.text
 
 
-def test_ctrl_c_stops_the_server_cleanly():
-    """Issue 29 item 6: SIGINT drains as SIGTERM does, says "stopped" and exits 0."""
+def _serve(*args):
+    """``cyformer serve`` (the bundled model) in a subprocess on a free 127.0.0.1 port,
+    once /health answers: (process, base url).  The caller stops it."""
     import socket
     import time
 
@@ -164,18 +165,29 @@ def test_ctrl_c_stops_the_server_cleanly():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.Popen([sys.executable, "-m", "cyformer", "serve", "--port", str(port), "--grace", "5"],
+    proc = subprocess.Popen([sys.executable, "-m", "cyformer", "serve", "--port", str(port), *args],
                             stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
     try:
-        deadline = time.monotonic() + 120
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return proc, url
             except httpx.HTTPError:
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
             time.sleep(0.2)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def test_ctrl_c_stops_the_server_cleanly():
+    """Issue 29 item 6: SIGINT drains as SIGTERM does, says "stopped" and exits 0."""
+    proc, _ = _serve("--grace", "5")
+    try:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -189,27 +201,11 @@ def test_requests_cut_by_the_shutdown_get_json():
     """Issue 30: a request still running when SIGTERM's grace ends gets an
     OpenAI-style JSON 503 (uvicorn's own answer would be a plain-text 500),
     and the server still exits 0."""
-    import socket
     import threading
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.Popen([sys.executable, "-m", "cyformer", "serve", "--port", str(port), "--grace", "0.5",
-                             "--threads", "1"], stderr=subprocess.PIPE, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _serve("--grace", "0.5", "--threads", "1")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
         # 32 prompts x 400 tokens: far longer than the half-second grace
         body = {"model": NAME, "prompt": ["def f(x):"] * 32, "max_tokens": 400, "ignore_eos": True,
                 "temperature": 0}
