@@ -51,6 +51,7 @@ GEOMETRIES = {
 # issue 31's pairs: each cyformer format beside the peer format of the same width
 CYFORMER = (("float32", None), ("bfloat16", None), ("int8", None), ("int4", None))
 GGUF_TYPES = ("f32", "f16", "q8_0", "q4_0")
+TASKS = ("decode", "prefill", "batch")
 
 
 # -- the files ------------------------------------------------------------------
@@ -301,16 +302,21 @@ def worker(spec):
     ids = rng.integers(0, min(vocab, 1000), size=prefill_T).tolist()
     e = ENGINES[engine](path, fmt, threads)
     e.decode(ids[:PROMPT], 4)  # warm up: the weights paged in, pools started
-    out = {"prefill_s": e.prefill(ids), "decode_tps": e.decode(ids[:PROMPT], n_new)}
-    for B in BATCHES:
+    tasks = spec.get("tasks") or TASKS
+    out = {}
+    if "prefill" in tasks:
+        out["prefill_s"] = e.prefill(ids)
+    if "decode" in tasks:
+        out["decode_tps"] = e.decode(ids[:PROMPT], n_new)
+    for B in BATCHES if "batch" in tasks else ():
         prompts = rng.integers(0, min(vocab, 1000), size=(B, PROMPT)).tolist()
         out[f"batch{B}_tps"] = e.batch(prompts, n_new)
     out["rss_mb"] = vm_hwm_mb()
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def run_one(name, engine, path, fmt, threads, vocab, quick):
-    spec = dict(engine=engine, path=path, fmt=fmt, threads=threads, vocab=vocab, quick=quick)
+def run_one(name, engine, path, fmt, threads, vocab, quick, tasks=TASKS):
+    spec = dict(engine=engine, path=path, fmt=fmt, threads=threads, vocab=vocab, quick=quick, tasks=list(tasks))
     # a fixed team for every engine: cyformer's adaptive cap would shrink its
     # team on a busy machine while the peers keep theirs
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), CYFORMER_ADAPTIVE_THREADS="0")
@@ -386,6 +392,10 @@ def main(argv=None):
     ap.add_argument("--only", choices=("gguf",), default=None,
                     help="gguf: only the same GGUF files in cyformer and llama.cpp")
     ap.add_argument("--geometry", action="append", choices=list(GEOMETRIES), default=None)
+    ap.add_argument("--contenders", metavar="REGEX", default=None,
+                    help="only the contenders whose name matches (e.g. 'int8|Q8_0|CTranslate2')")
+    ap.add_argument("--tasks", default=",".join(TASKS),
+                    help=f"comma-separated subset of {','.join(TASKS)} (default: all)")
     ap.add_argument("--from-log", metavar="LOG", default=None,
                     help="render the tables from the progress lines of a run's output (one cut short)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -396,6 +406,13 @@ def main(argv=None):
     if args.from_log:
         return print("\n".join(from_log(args.from_log)))
     reps = args.reps or (1 if args.quick else 3)
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    if not tasks or set(tasks) - set(TASKS):
+        ap.error(f"--tasks: choose from {', '.join(TASKS)}, got {args.tasks!r}")
+    try:
+        pick = re.compile(args.contenders) if args.contenders else None
+    except re.error as e:
+        ap.error(f"--contenders: not a regular expression: {e}")
     geoms = ({"tiny": lambda: make_checkpoint(os.path.join(CACHE, "tiny-random"), **TINY)} if args.quick
              else {g: GEOMETRIES[g] for g in (args.geometry or GEOMETRIES)})
     import cyformer
@@ -411,7 +428,7 @@ def main(argv=None):
              f"{PREFILL} tokens to the last row's logits; batches: {PROMPT}-token prompts, {NEW} new tokens "
              "each, prefill included.  llama.cpp keeps its KV cache in F16, the others in float32.  "
              "Every engine runs a fixed team (CYFORMER_ADAPTIVE_THREADS=0).",
-             ""]
+             "", "`python bench/peers.py " + " ".join(sys.argv[1:] if argv is None else argv) + "`", ""]
     if missing:
         lines += [f"Not installed, left out: {', '.join(missing)}.", ""]
     for name, make in geoms.items():
@@ -419,13 +436,13 @@ def main(argv=None):
         with open(os.path.join(path, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
         add_tokenizer(path, vocab)
-        cs = contenders(path, args.only)
+        cs = [c for c in contenders(path, args.only) if pick is None or pick.search(c[0])]
         results = {c[0]: {} for c in cs}
         load0 = os.getloadavg()[0]
         print(f"{name}: {len(cs)} contenders x {reps} repeats", flush=True)
         for rep in range(reps):
             for c, engine, p, f in cs:
-                r = run_one(c, engine, p, f, args.threads, vocab, args.quick)
+                r = run_one(c, engine, p, f, args.threads, vocab, args.quick, tasks)
                 print(f"  [{rep + 1}/{reps}] {c}: {r}", flush=True)
                 for k, v in (r or {}).items():
                     results[c].setdefault(k, []).append(v)
