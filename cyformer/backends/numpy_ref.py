@@ -117,6 +117,32 @@ def q4_matvec(x, data, scale, rows_per_block):
     return np.zeros(N, F32) if total is None else total
 
 
+def q8_matvec_t(x, codes, scale):
+    """The int8 product x [K] @ W.T for W [N, K] stored a row per output
+    (codes int8 [N, K], scale float32 [N]: the unembedding), as the kernels
+    sum it: inputs in pairs of blocks (64), each output in 16 float lanes;
+    lane l of pair p adds the integer sum of inputs 64p + 4l .. + 3 times
+    its block's d with one rounding, pair after pair; then the lanes are
+    added in a fixed tree (l + 8, + 4, + 2, + 1), then times the scale."""
+    q, d = q8_activations(x)
+    N, K = codes.shape
+    npair = -(-K // (2 * Q8_BLOCK))
+    qp = np.zeros(npair * 2 * Q8_BLOCK, np.int64)                    # [64 npair]
+    qp[:q.size] = q.reshape(-1)
+    wp = np.zeros((N, npair * 2 * Q8_BLOCK), np.int64)               # [N, 64 npair]
+    wp[:, :K] = codes
+    lanes = (wp * qp).reshape(N, npair, 16, 4).sum(axis=-1)          # [N, npair, 16] exact
+    dp = np.zeros(2 * npair, F32)
+    dp[:d.size] = d
+    dl = np.repeat(dp.reshape(npair, 2), 8, axis=1)                 # [npair, 16] each lane's d
+    acc = np.zeros((N, 16), F32)
+    for p in range(npair):
+        acc = _fma(np.broadcast_to(dl[p], (N, 16)), lanes[:, p].astype(F32), acc)
+    for half in (8, 4, 2, 1):                                         # the fixed tree
+        acc = (acc[:, :half] + acc[:, half:2 * half]).astype(F32)
+    return (acc[:, 0] * scale).astype(F32)
+
+
 # -- building blocks ------------------------------------------------------
 
 def layer_norm(x, w: NormWeights, eps):
