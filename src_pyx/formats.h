@@ -714,6 +714,230 @@ static void cyf_i8q_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrd
 #define CYF_HAVE_VNNI_KERNELS 0
 #endif
 
+/* ---- bfloat16 weights times bfloat16 activations: AVX512-BF16 -------------
+ * vdpbf16ps adds the products of two bf16 pairs into each float32 lane:
+ * acc = fma(a[2i+1], b[2i+1], acc), then acc = fma(a[2i], b[2i], acc), each
+ * rounded to nearest even, with bf16 denormal inputs and a denormal
+ * accumulator read as zero and denormal results flushed to zero (Intel's
+ * pseudo-code; checked bit for bit on AMD Zen 4).  x is rounded to bf16
+ * (nearest even, cyformer.formats._bfloat16's rule), so these kernels
+ * compute something other than the widening ones: backends/numpy_ref's
+ * bf16dp_* functions are the reference, bit for bit. */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define CYF_HAVE_BF16DP_KERNELS 1
+
+/* float32 -> bfloat16, nearest even; a NaN stays a (quiet) NaN */
+static inline unsigned short cyf_bf16_round(float v)
+{
+    unsigned int u;
+    memcpy(&u, &v, sizeof u);
+    if (v != v)
+        return (unsigned short)((u >> 16) | 0x40);
+    return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* xp[i] = the bf16 pair (x[2i], x[2i+1]) as one 32-bit lane (even input in
+ * the low half), i < npad; inputs past n are zero */
+static inline void cyf_bf16_pairs_of(const float *x, ptrdiff_t n, unsigned int *xp, ptrdiff_t npad)
+{
+    for (ptrdiff_t i = 0; i < npad; i++) {
+        const unsigned int lo = 2 * i < n ? cyf_bf16_round(x[2 * i]) : 0;
+        const unsigned int hi = 2 * i + 1 < n ? cyf_bf16_round(x[2 * i + 1]) : 0;
+        xp[i] = lo | hi << 16;
+    }
+}
+
+/* Columns 0 .. n-1 (n <= 32, masked) of rows 0 .. kb-1 of W [K, N] (w: row
+ * 0, column 0): one vdpbf16ps chain per column from zero, rows 2p and 2p+1
+ * interleaved in registers (unpacklo/hi_epi16: a 32-bit lane holds one
+ * column's pair).  The unpacks leave columns 0-3, 8-11, 16-19, 24-27 in the
+ * lo vector and 4-7, 12-15, .. in the hi one; cyf_bf16dp_order puts them
+ * back.  The ragged end of cyf_bf16dp_gemv_block: the same chains. */
+static const int cyf_bf16dp_perm[32] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23,
+                                        8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+
+__attribute__((target("avx512bf16")))
+static void cyf_bf16dp_cols(float *out, const unsigned short *w, ptrdiff_t ld, ptrdiff_t kb, const unsigned int *xp,
+                            ptrdiff_t n)
+{
+    const __mmask32 m = n >= 32 ? ~0u : (__mmask32)((1u << n) - 1u);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 lo = _mm512_setzero_ps(), hi = lo;
+    for (ptrdiff_t k = 0; k < kb; k += 2) {
+        const __m512bh xx = (__m512bh)_mm512_set1_epi32((int)xp[k / 2]);
+        const __m512i r0 = _mm512_maskz_loadu_epi16(m, w + k * ld);
+        const __m512i r1 = k + 1 < kb ? _mm512_maskz_loadu_epi16(m, w + (k + 1) * ld) : zero;
+        lo = _mm512_dpbf16_ps(lo, (__m512bh)_mm512_unpacklo_epi16(r0, r1), xx);
+        hi = _mm512_dpbf16_ps(hi, (__m512bh)_mm512_unpackhi_epi16(r0, r1), xx);
+    }
+    const __m512i plo = _mm512_loadu_si512(cyf_bf16dp_perm), phi = _mm512_loadu_si512(cyf_bf16dp_perm + 16);
+    _mm512_mask_storeu_ps(out, (__mmask16)m, _mm512_permutex2var_ps(lo, plo, hi));
+    _mm512_mask_storeu_ps(out + 16, (__mmask16)(m >> 16), _mm512_permutex2var_ps(lo, phi, hi));
+}
+
+/* partial_r[j] (r < nr, ldp apart) = sum over the row pairs (k0 + 2p,
+ * k0 + 2p + 1), p < kb / 2 (an odd kb ends with a zero row), of x_r's pair
+ * (ldx apart) times W's, column c0 + j, j < cw: one vdpbf16ps chain per
+ * column from zero.  Eight rows (4 pairs) per pass over the partials, rows
+ * read as contiguous runs as the widening kernel reads them (walking down
+ * 128-column strips with the sums in registers took 1.5x as long with W in
+ * DRAM: one core, 768x3072, 16 distinct matrices); each pair's unpacked
+ * weights serve every row of x.  Between passes a partial holds each 32
+ * columns in the unpacks' order, restored at the end. */
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+cyf_bf16dp_block(float *partial, ptrdiff_t ldp, const float *x, ptrdiff_t ldx, const int nr, const cyf_wt *W,
+                 ptrdiff_t k0, ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw)
+{
+    const ptrdiff_t ld = W->ld, np = (kb + 1) / 2, n32 = cw / 32 * 32;
+    const unsigned short *Wd = (const unsigned short *)W->data + k0 * ld + c0;
+    if (np == 0 || cw <= 0 || nr <= 0) {
+        for (int r = 0; r < nr; r++)
+            for (ptrdiff_t j = 0; j < cw; j++)
+                partial[r * ldp + j] = 0.0f;
+        return;
+    }
+    unsigned int xp[nr * np];
+    for (int r = 0; r < nr; r++)
+        cyf_bf16_pairs_of(x + r * ldx + k0, kb, xp + r * np, np);
+    const __m512i zero = _mm512_setzero_si512();
+    for (ptrdiff_t k = 0; k < kb; k += 8) {
+        const int npass = kb - k >= 8 ? 4 : (int)((kb - k + 1) / 2);  /* pairs in this pass */
+        const unsigned short *w = Wd + k * ld;
+        for (ptrdiff_t j = 0; j < n32; j += 32) {
+            __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) {
+                if (p < npass) {
+                    const __m512i r0 = _mm512_loadu_si512(w + 2 * p * ld + j);
+                    const __m512i r1 = k + 2 * p + 1 < kb ? _mm512_loadu_si512(w + (2 * p + 1) * ld + j) : zero;
+                    lo[p] = _mm512_unpacklo_epi16(r0, r1);
+                    hi[p] = _mm512_unpackhi_epi16(r0, r1);
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                float *pr = partial + r * ldp + j;
+                const unsigned int *xr = xp + r * np + k / 2;
+                __m512 a = k ? _mm512_loadu_ps(pr) : _mm512_setzero_ps();
+                __m512 b = k ? _mm512_loadu_ps(pr + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++) {
+                    if (p < npass) {
+                        const __m512bh xx = (__m512bh)_mm512_set1_epi32((int)xr[p]);
+                        a = _mm512_dpbf16_ps(a, (__m512bh)lo[p], xx);
+                        b = _mm512_dpbf16_ps(b, (__m512bh)hi[p], xx);
+                    }
+                }
+                _mm512_storeu_ps(pr, a);
+                _mm512_storeu_ps(pr + 16, b);
+            }
+        }
+    }
+    const __m512i plo = _mm512_loadu_si512(cyf_bf16dp_perm), phi = _mm512_loadu_si512(cyf_bf16dp_perm + 16);
+    for (int r = 0; r < nr; r++) {
+        float *pr = partial + r * ldp;
+        for (ptrdiff_t j = 0; j < n32; j += 32) {
+            const __m512 lo = _mm512_loadu_ps(pr + j), hi = _mm512_loadu_ps(pr + j + 16);
+            _mm512_storeu_ps(pr + j, _mm512_permutex2var_ps(lo, plo, hi));
+            _mm512_storeu_ps(pr + j + 16, _mm512_permutex2var_ps(lo, phi, hi));
+        }
+        if (n32 < cw)
+            cyf_bf16dp_cols(pr + n32, Wd + n32, ld, kb, xp + r * np, cw - n32);
+    }
+}
+
+__attribute__((target("avx512bf16")))
+static void cyf_bf16dp_gemv_block(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
+                                  ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
+{
+    (void)N; (void)tmp;
+    cyf_bf16dp_block(partial, 0, x, 0, 1, W, k0, kb, c0, cw);
+}
+
+/* gemv_block for nr rows of x (the batched decode step), row by row the
+ * same chains, so each row's partial sums are gemv_block's bits */
+__attribute__((target("avx512bf16")))
+static void cyf_bf16dp_gemv_block_rows(float *partial, ptrdiff_t ldp, const float *x, ptrdiff_t ldx, int nr,
+                                       const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw)
+{
+    cyf_bf16dp_block(partial, ldp, x, ldx, nr, W, k0, kb, c0, cw);
+}
+
+/* x_r . row w of W [N, K] for NX rows of x given as bf16 pairs (xp, ldq
+ * apart; NX a constant once inlined): out[r * ldo].  16 lanes per product,
+ * lane i taking inputs 32t + 2i and 32t + 2i + 1 by vdpbf16ps (zeros past K),
+ * then cyf_tree16's pairwise tree over the lanes. */
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+cyf_bf16dp_dot(float *out, ptrdiff_t ldo, const unsigned int *xp, ptrdiff_t ldq, const int NX,
+               const unsigned short *w, ptrdiff_t K)
+{
+    __m512 s[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NX; r++)
+        s[r] = _mm512_setzero_ps();
+    ptrdiff_t i = 0;
+    for (; i + 32 <= K; i += 32) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < NX; r++)
+            s[r] = _mm512_dpbf16_ps(s[r], wv, (__m512bh)_mm512_loadu_si512(xp + r * ldq + i / 2));
+    }
+    if (i < K) {  /* the last inputs, masked: a missing weight is zero and meets a zero input */
+        const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1u << (K - i)) - 1u), w + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < NX; r++)
+            s[r] = _mm512_dpbf16_ps(s[r], wv, (__m512bh)_mm512_loadu_si512(xp + r * ldq + i / 2));
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NX; r++) {  /* cyf_tree16: lanes j += j + w for w = 8, 4, 2, 1 */
+        const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(s[r]), _mm512_extractf32x8_ps(s[r], 1));
+        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        out[r * ldo] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    }
+}
+
+/* acc[j] = x . row a + j of W [N, K], j < nw: one row of W at a time (four
+ * rows side by side read 2x slower from DRAM: one core, 50257x768) */
+__attribute__((target("avx512bf16")))
+static void cyf_bf16dp_dot_t(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t npad = (K + 31) / 32 * 16;  /* whole 512-bit loads of pairs */
+    unsigned int xp[npad > 0 ? npad : 1];
+    cyf_bf16_pairs_of(x, K, xp, npad);
+    const unsigned short *Wd = (const unsigned short *)W->data + a * W->ld;
+    for (ptrdiff_t j = 0; j < nw; j++)
+        cyf_bf16dp_dot(acc + j, 0, xp, 0, 1, Wd + j * W->ld, K);
+}
+
+/* dot_t for nr rows of x (ldx apart): acc[j + r * nw], each row of W
+ * loaded once for 4 rows of x; each output is dot_t's chain and tree */
+__attribute__((target("avx512bf16")))
+static void cyf_bf16dp_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                                  ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t npad = (K + 31) / 32 * 16;
+    unsigned int xp[4 * (npad > 0 ? npad : 1)];
+    const unsigned short *Wd = (const unsigned short *)W->data + a * W->ld;
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int m = nr - r0 < 4 ? nr - r0 : 4;
+        for (int r = 0; r < m; r++)
+            cyf_bf16_pairs_of(x + (r0 + r) * ldx, K, xp + r * npad, npad);
+        float *o = acc + r0 * nw;
+        for (ptrdiff_t j = 0; j < nw; j++) {
+            const unsigned short *w = Wd + j * W->ld;
+            switch (m) {  /* a constant row count, so the sums stay in registers */
+            case 4: cyf_bf16dp_dot(o + j, nw, xp, npad, 4, w, K); break;
+            case 3: cyf_bf16dp_dot(o + j, nw, xp, npad, 3, w, K); break;
+            case 2: cyf_bf16dp_dot(o + j, nw, xp, npad, 2, w, K); break;
+            default: cyf_bf16dp_dot(o + j, nw, xp, npad, 1, w, K); break;
+            }
+        }
+    }
+}
+#else
+#define CYF_HAVE_BF16DP_KERNELS 0
+#endif
+
 /* ---- the table, indexed by cyformer/formats.py's Format.code ------------- */
 static cyf_format cyf_formats[] = {
     {"float32", "float32 FMA", 0, 1, cyf_f32_gemv_block, cyf_f32_gemv_block_rows, cyf_f32_dot_t, cyf_f32_dot_t_rows,
@@ -732,12 +956,36 @@ static inline const cyf_format *cyf_format_at(int code)
     return code >= 0 && code < CYF_NFORMATS ? &cyf_formats[code] : NULL;
 }
 
+/* bfloat16's row: vdpbf16ps with AVX512-BF16 (bit 2), else widening; the bit used */
+static inline int cyf_formats_select_bf16(int features)
+{
+    cyf_format *bf = &cyf_formats[1];
+    if (CYF_HAVE_BF16DP_KERNELS && (features & 2)) {
+#if CYF_HAVE_BF16DP_KERNELS
+        bf->gemv_block = cyf_bf16dp_gemv_block;
+        bf->gemv_block_rows = cyf_bf16dp_gemv_block_rows;
+        bf->dot_t = cyf_bf16dp_dot_t;
+        bf->dot_t_rows = cyf_bf16dp_dot_t_rows;
+        bf->kernels = "bf16 activations, AVX512-BF16 vdpbf16ps";
+#endif
+        return 2;
+    }
+    bf->gemv_block = cyf_bf16_gemv_block;
+    bf->gemv_block_rows = NULL;
+    bf->dot_t = cyf_bf16_dot_t;
+    bf->dot_t_rows = NULL;
+    bf->kernels = "widened to float32, FMA";
+    return 0;
+}
+
 /* Point each row at the best kernels this CPU runs: features as
- * cyformer._runtime.cpu_features()'s bits (1: AVX512-VNNI).  Called once at
- * import (and by tests, to run every variant); returns the bits used. */
+ * cyformer._runtime.cpu_features()'s bits (1: AVX512-VNNI, 2: AVX512-BF16).
+ * Called once at import (and by tests, to run every variant); returns the
+ * bits used. */
 static inline int cyf_formats_select(int features)
 {
     cyf_format *i8 = &cyf_formats[2], *i4 = &cyf_formats[3];
+    const int bf16 = cyf_formats_select_bf16(features);
     if (CYF_HAVE_VNNI_KERNELS && (features & 1)) {
 #if CYF_HAVE_VNNI_KERNELS
         i8->gemv_block = cyf_i8q_gemv_block_vnni;
@@ -748,7 +996,7 @@ static inline int cyf_formats_select(int features)
         i4->gemv_block = cyf_i4q_gemv_block_vnni;
         i4->kernels = "[K, N]: int8 activations, AVX512-VNNI vpdpbusd; [N, K]: widened to float32, FMA";
 #endif
-        return 1;
+        return bf16 | 1;
     }
     i8->gemv_block = cyf_i8q_gemv_block_generic;
     i8->gemv_block_rows = NULL;
@@ -757,7 +1005,7 @@ static inline int cyf_formats_select(int features)
     i8->kernels = "int8 activations, generic integer loops";
     i4->gemv_block = cyf_i4q_gemv_block_generic;
     i4->kernels = "[K, N]: int8 activations, generic integer loops; [N, K]: widened to float32, FMA";
-    return 0;
+    return bf16;
 }
 
 /* The embedding lookup: out[k] = W(n, k), k < K, of W [N, K] as scaled float32. */

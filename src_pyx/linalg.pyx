@@ -480,7 +480,7 @@ _check_format_table()
 
 
 # cyformer._runtime.cpu_features() names -> the bits cyf_formats_select reads
-_FEATURE_BITS = {"avx512_vnni": 1}
+_FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2}
 
 
 def select_format_kernels(features=None):

@@ -143,6 +143,77 @@ def q8_matvec_t(x, codes, scale):
     return (acc[:, 0] * scale).astype(F32)
 
 
+# -- bfloat16 dot products (AVX512-BF16's vdpbf16ps, bit for bit) ----------
+
+def _bf16_daz(h):
+    """bf16 codes (uint16) -> float64 values, denormals read as (signed) zero."""
+    h = np.asarray(h, np.uint16)
+    h = np.where((h & 0x7F80) == 0, h & 0x8000, h).astype(np.uint32) << 16
+    return h.view(np.float32).astype(np.float64)
+
+
+def _ftz(a):
+    """float32 denormals flushed to zero of the same sign."""
+    u = a.view(np.uint32)
+    return np.where((u & 0x7F800000) == 0, u & 0x80000000, u).astype(np.uint32).view(F32)
+
+
+def _dp_fma(acc, x, w):
+    """One of vdpbf16ps's two steps: acc + x * w rounded once to float32
+    (nearest even), the result flushed to zero if denormal; x, w float64
+    from _bf16_daz.  The product of two bf16 values is exact in float64, and
+    the float64 sum, rounded again to float32, is the correctly rounded one
+    (53 >= 2 * 24 + 2 bits: double rounding is harmless)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _ftz((acc.astype(np.float64) + x * w).astype(F32))
+
+
+def bf16dp_matvec(x, codes, rows_per_block):
+    """The bfloat16 decode product x [K] @ W [K, N] (codes uint16 [K, N]) as
+    the AVX512-BF16 kernel sums it: x rounded to bf16 (formats._bfloat16),
+    rows in blocks of rows_per_block (linalg's GEMV_ROWS); within a block,
+    per output, the row pairs (2p, 2p + 1) from zero, each pair as vdpbf16ps
+    does it: the odd row's product added first, then the even one's (an odd
+    block ends with a zero pair); the blocks' partial sums added in order."""
+    from ..formats import _bfloat16
+    K, N = codes.shape
+    xb = _bf16_daz(_bfloat16(np.asarray(x, F32)))
+    wb = _bf16_daz(codes)
+    total = None
+    for k0 in range(0, K, rows_per_block):
+        part = np.zeros(N, F32)
+        for k in range(k0, min(K, k0 + rows_per_block), 2):
+            if k + 1 < min(K, k0 + rows_per_block):
+                part = _dp_fma(part, xb[k + 1], wb[k + 1])
+            else:
+                part = _dp_fma(part, np.float64(0), np.zeros(N))
+            part = _dp_fma(part, xb[k], wb[k])
+        total = part if total is None else (total + part).astype(F32)
+    return np.zeros(N, F32) if total is None else total
+
+
+def bf16dp_dot_t(x, codes):
+    """The bfloat16 unembedding product W [N, K] @ x [K] (codes uint16 [N, K])
+    as the AVX512-BF16 kernel sums it: 16 lanes per output, lane i taking
+    inputs 32t + 2i + 1 then 32t + 2i for t = 0, 1, .. (vdpbf16ps; zeros past
+    K), then the lanes added in cyf_tree16's pairwise tree."""
+    from ..formats import _bfloat16
+    N, K = codes.shape
+    Kp = -(-K // 32) * 32
+    xb = np.zeros(Kp)
+    xb[:K] = _bf16_daz(_bfloat16(np.asarray(x, F32)))
+    wb = np.zeros((N, Kp))
+    wb[:, :K] = _bf16_daz(codes)
+    xb, wb = xb.reshape(-1, 16, 2), wb.reshape(N, -1, 16, 2)
+    lanes = np.zeros((N, 16), F32)
+    for t in range(Kp // 32):
+        lanes = _dp_fma(lanes, xb[t, :, 1], wb[:, t, :, 1])
+        lanes = _dp_fma(lanes, xb[t, :, 0], wb[:, t, :, 0])
+    for w in (8, 4, 2, 1):
+        lanes[:, :w] = lanes[:, :w] + lanes[:, w:2 * w]
+    return lanes[:, 0].copy()
+
+
 # -- building blocks ------------------------------------------------------
 
 def layer_norm(x, w: NormWeights, eps):
