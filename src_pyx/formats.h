@@ -966,7 +966,7 @@ static inline int cyf_formats_select_bf16(int features)
         bf->gemv_block_rows = cyf_bf16dp_gemv_block_rows;
         bf->dot_t = cyf_bf16dp_dot_t;
         bf->dot_t_rows = cyf_bf16dp_dot_t_rows;
-        bf->kernels = "bf16 activations, AVX512-BF16 vdpbf16ps";
+        bf->kernels = "decode: bf16 activations, AVX512-BF16 vdpbf16ps; prefill: widened to float32, FMA";
 #endif
         return 2;
     }
