@@ -604,6 +604,114 @@ static void cyf_i4q_gemv_block_vnni(float *partial, const float *x, const cyf_wt
         cyf_i4q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
     }
 }
+/* cyf_i4q_gemv_block_vnni for nr rows of x (the batched decode step): each
+ * interleaved group of 4 row pairs, split into nibbles once, serves up to 4
+ * rows of x from registers; every row's arithmetic is the one-row
+ * kernel's, so its partial sums are the same bits.  The scales' rows are N
+ * = W->ld apart (int4 [K, N] stores N bytes per pair of rows). */
+__attribute__((target("avx512vnni")))
+static void cyf_i4q_gemv_block_rows_vnni(float *partial, ptrdiff_t ldp, const float *x, ptrdiff_t ldx, int nr,
+                                         const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw)
+{
+    const ptrdiff_t ld = W->ld, N = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB, npairs = (kb + 1) / 2;
+    if (nblk == 0 || cw <= 0 || nr <= 0) {
+        for (int r = 0; r < nr; r++)
+            for (ptrdiff_t j = 0; j < cw; j++)
+                partial[r * ldp + j] = 0.0f;
+        return;
+    }
+    const unsigned char *Wd = (const unsigned char *)W->data + (k0 >> 1) * ld + c0;
+    signed char q[nblk * CYF_QB];
+    float d[nr * nblk];
+    int bsum[nr * nblk], qe[nr * nblk * 4], qo[nr * nblk * 4];
+    for (int r = 0; r < nr; r++) {
+        cyf_q8_row(x + r * ldx + k0, kb, q, d + r * nblk, NULL);
+        for (ptrdiff_t b = 0; b < nblk; b++) {
+            const signed char *qb = q + b * CYF_QB;
+            int s = 0;
+            for (int i = 0; i < CYF_QB; i++)
+                s += qb[i];
+            bsum[r * nblk + b] = 8 * s;
+            for (int it = 0; it < 4; it++) {
+                const signed char e[4] = {qb[8 * it], qb[8 * it + 2], qb[8 * it + 4], qb[8 * it + 6]};
+                const signed char o[4] = {qb[8 * it + 1], qb[8 * it + 3], qb[8 * it + 5], qb[8 * it + 7]};
+                memcpy(qe + (r * nblk + b) * 4 + it, e, 4);
+                memcpy(qo + (r * nblk + b) * 4 + it, o, 4);
+            }
+        }
+    }
+    for (ptrdiff_t p = 0; p < npairs; p++)
+        for (ptrdiff_t j = 0; j < cw; j += 64)
+            __builtin_prefetch(Wd + p * ld + j, 0, 2);
+    const __m512i nib = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+    ptrdiff_t j = 0;
+    for (; j + 64 <= cw; j += 64)
+        for (ptrdiff_t b = 0; b < nblk; b++) {
+            const float *s = W->scale + ((k0 + b * CYF_QB) / CYF_GROUP) * N + c0 + j;
+            for (int r0 = 0; r0 < nr; r0 += 4) {
+                const int m = nr - r0 < 4 ? nr - r0 : 4;
+                __m512i e[4], f[4], g[4], h[4];
+                for (int r = 0; r < 4; r++)
+                    e[r] = f[r] = g[r] = h[r] = zero;
+                for (int it = 0; it < 4; it++) {
+                    const ptrdiff_t p0 = b * (CYF_QB / 2) + 4 * it;
+                    if (p0 >= npairs)
+                        break;
+                    const unsigned char *w = Wd + p0 * ld + j;
+                    const __m512i w0 = _mm512_loadu_si512(w);
+                    const __m512i w1 = p0 + 1 < npairs ? _mm512_loadu_si512(w + ld) : zero;
+                    const __m512i w2 = p0 + 2 < npairs ? _mm512_loadu_si512(w + 2 * ld) : zero;
+                    const __m512i w3 = p0 + 3 < npairs ? _mm512_loadu_si512(w + 3 * ld) : zero;
+                    const __m512i lo01 = _mm512_unpacklo_epi8(w0, w1), hi01 = _mm512_unpackhi_epi8(w0, w1);
+                    const __m512i lo23 = _mm512_unpacklo_epi8(w2, w3), hi23 = _mm512_unpackhi_epi8(w2, w3);
+                    const __m512i ve = _mm512_unpacklo_epi16(lo01, lo23), vf = _mm512_unpackhi_epi16(lo01, lo23);
+                    const __m512i vg = _mm512_unpacklo_epi16(hi01, hi23), vh = _mm512_unpackhi_epi16(hi01, hi23);
+                    const __m512i el = _mm512_and_si512(ve, nib), eh = _mm512_and_si512(_mm512_srli_epi16(ve, 4), nib);
+                    const __m512i fl = _mm512_and_si512(vf, nib), fh = _mm512_and_si512(_mm512_srli_epi16(vf, 4), nib);
+                    const __m512i gl = _mm512_and_si512(vg, nib), gh = _mm512_and_si512(_mm512_srli_epi16(vg, 4), nib);
+                    const __m512i hl = _mm512_and_si512(vh, nib), hh = _mm512_and_si512(_mm512_srli_epi16(vh, 4), nib);
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) {
+                        if (r < m) {
+                            const ptrdiff_t i = ((r0 + r) * nblk + b) * 4 + it;
+                            const __m512i qqe = _mm512_set1_epi32(qe[i]), qqo = _mm512_set1_epi32(qo[i]);
+                            e[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(e[r], el, qqe), eh, qqo);
+                            f[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(f[r], fl, qqe), fh, qqo);
+                            g[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(g[r], gl, qqe), gh, qqo);
+                            h[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(h[r], hl, qqe), hh, qqo);
+                        }
+                    }
+                }
+                for (int r = 0; r < m; r++) {
+                    float *pr = partial + (r0 + r) * ldp + j;
+                    const __m512i t0 = _mm512_shuffle_i32x4(e[r], f[r], 0x44), t1 = _mm512_shuffle_i32x4(g[r], h[r], 0x44);
+                    const __m512i t2 = _mm512_shuffle_i32x4(e[r], f[r], 0xEE), t3 = _mm512_shuffle_i32x4(g[r], h[r], 0xEE);
+                    const __m512i c = _mm512_set1_epi32(bsum[(r0 + r) * nblk + b]);
+                    const __m512 db = _mm512_set1_ps(d[(r0 + r) * nblk + b]);
+                    const __m512 z = _mm512_setzero_ps();
+                    const __m512 a0 = b ? _mm512_loadu_ps(pr) : z, a1 = b ? _mm512_loadu_ps(pr + 16) : z;
+                    const __m512 a2 = b ? _mm512_loadu_ps(pr + 32) : z, a3 = b ? _mm512_loadu_ps(pr + 48) : z;
+                    _mm512_storeu_ps(pr, _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s)), _mm512_cvtepi32_ps(
+                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0x88), c)), a0));
+                    _mm512_storeu_ps(pr + 16, _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 16)), _mm512_cvtepi32_ps(
+                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0xDD), c)), a1));
+                    _mm512_storeu_ps(pr + 32, _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 32)), _mm512_cvtepi32_ps(
+                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0x88), c)), a2));
+                    _mm512_storeu_ps(pr + 48, _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 48)), _mm512_cvtepi32_ps(
+                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0xDD), c)), a3));
+                }
+            }
+        }
+    if (j < cw) {  /* the last columns row by row through the generic loops, as the one-row kernel */
+        cyf_wt rest = *W;
+        rest.data = (const unsigned char *)W->data + j;
+        rest.scale = W->scale + j;
+        float tmp[cw - j];
+        for (int r = 0; r < nr; r++)
+            cyf_i4q_gemv_block_generic(partial + r * ldp + j, x + r * ldx, &rest, k0, kb, c0, cw - j, N, tmp);
+    }
+}
+
 /* int8 [N, K] with AVX512-VNNI: a 64-byte run of a row is one pair of
  * blocks, its 16 int32 lanes are the 16 lanes of cyf_i8q_dot_t_generic.
  * Weights are the unsigned side (w + 128), each lane starting from its
@@ -994,6 +1102,7 @@ static inline int cyf_formats_select(int features)
         i8->dot_t_rows = cyf_i8q_dot_t_rows_vnni;
         i8->kernels = "int8 activations, AVX512-VNNI vpdpbusd";
         i4->gemv_block = cyf_i4q_gemv_block_vnni;
+        i4->gemv_block_rows = cyf_i4q_gemv_block_rows_vnni;
         i4->kernels = "[K, N]: int8 activations, AVX512-VNNI vpdpbusd; [N, K]: widened to float32, FMA";
 #endif
         return bf16 | 1;
@@ -1004,6 +1113,7 @@ static inline int cyf_formats_select(int features)
     i8->dot_t_rows = NULL;
     i8->kernels = "int8 activations, generic integer loops";
     i4->gemv_block = cyf_i4q_gemv_block_generic;
+    i4->gemv_block_rows = NULL;
     i4->kernels = "[K, N]: int8 activations, generic integer loops; [N, K]: widened to float32, FMA";
     return bf16;
 }

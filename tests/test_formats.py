@@ -654,16 +654,27 @@ def test_int8_unembedding_non_finite_activations_give_nan(int8_variant):
         assert np.isnan(got).all() and np.isnan(q8_matvec_t(x[0], W.data, W.scale)).all()
 
 
+@pytest.fixture(scope="module")
+def ragged_checkpoint(tmp_path_factory):
+    """GPT-2 with C = 96 (3 blocks of 32), d_mlp = 195 (an odd K, a partial
+    block; 3 full 64-column strips and 3 columns more) and V = 203."""
+    from helpers import make_hf_checkpoint
+    path = str(tmp_path_factory.mktemp("ragged"))
+    make_hf_checkpoint(path, seed=5, n_layer=1, n_embd=96, n_head=3, vocab_size=203, n_positions=32, n_inner=195)
+    return path
+
+
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
                          ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_batched_step_every_int8_variant(rng, int8_variant, dtype):
+@pytest.mark.parametrize("model", ["bundled", "ragged"])
+def test_batched_step_every_int8_variant(rng, ragged_checkpoint, int8_variant, dtype, model):
     """The batched decode step (the [K, N] matrices' gemv_block_rows, the
     unembedding's dot_t_rows) on every variant this CPU runs: each row
     bitwise its sequence's own step.  6, 7 and 13 rows leave 2, 3 and 1
     rows of x past the tiles of 4."""
     linalg.select_format_kernels(int8_variant)
-    be = cyformer.load(threads=2, dtype=dtype).backend
+    be = cyformer.load(None if model == "bundled" else ragged_checkpoint, threads=2, dtype=dtype).backend
     V = be.config.vocab_size
     for n_seq in (6, 7, 13):
         lens = rng.integers(1, 12, size=n_seq)
