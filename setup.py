@@ -164,6 +164,9 @@ def extensions(levels, omp):
                     f"cyformer._kernels_{level}.{mod}",
                     [os.path.relpath(os.path.join(pkg, f"{mod}.pyx"), HERE)],
                     include_dirs=[pkg, numpy.get_include()],
+                    # a header included by another header is no dependency
+                    # Cython knows of: without these a change there kept the old .so
+                    depends=sorted(os.path.join(pkg, n) for n in os.listdir(SRC) if n.endswith(".h")),
                     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                     extra_compile_args=base + flags + omp_c,
                     extra_link_args=omp_l,

@@ -15,6 +15,7 @@
 #include "simd.h"
 
 struct cyf_format;
+struct cyf_qgemm;
 
 /* A weight matrix as the kernels read it: [K, N] (inputs, outputs), or
  * [N, K] when t (a row per output: the embedding and unembedding). */
@@ -50,6 +51,9 @@ typedef struct cyf_format {
     /* dst[k * ldd] = W(n, k0 + k), k < kn, of W [N, K] as scaled float32 */
     void (*pack_t)(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
                    ptrdiff_t K);
+    /* the integer GEMM of W [K, N] (qgemm.h; set by cyf_formats_select).
+     * NULL: the GEMM packs float32 panels (pack_run) */
+    const struct cyf_qgemm *qgemm;
 } cyf_format;
 
 /* ---- float32 -------------------------------------------------------- */
@@ -1046,14 +1050,16 @@ static void cyf_bf16dp_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int
 #define CYF_HAVE_BF16DP_KERNELS 0
 #endif
 
+#include "qgemm.h"
+
 /* ---- the table, indexed by cyformer/formats.py's Format.code ------------- */
 static cyf_format cyf_formats[] = {
     {"float32", "float32 FMA", 0, 1, cyf_f32_gemv_block, cyf_f32_gemv_block_rows, cyf_f32_dot_t, cyf_f32_dot_t_rows,
      cyf_f32_pack_run, cyf_f32_pack_t},
     {"bfloat16", "widened to float32, FMA", 0, 0, cyf_bf16_gemv_block, NULL, cyf_bf16_dot_t, NULL, cyf_bf16_pack_run, cyf_bf16_pack_t},
-    {"int8", "int8 activations, generic integer loops", 1, 0, cyf_i8q_gemv_block_generic, NULL,
+    {"int8", "int8 activations in decode and prefill, generic integer loops", 1, 0, cyf_i8q_gemv_block_generic, NULL,
      cyf_i8q_dot_t_generic, NULL, cyf_i8_pack_run, cyf_i8_pack_t},
-    {"int4", "[K, N]: int8 activations, generic integer loops; [N, K]: widened to float32, FMA", 0, 0,
+    {"int4", "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA", 0, 0,
      cyf_i4q_gemv_block_generic, NULL, cyf_i4_dot_t, NULL, cyf_i4_pack_run, cyf_i4_pack_t},
 };
 #define CYF_NFORMATS ((int)(sizeof cyf_formats / sizeof cyf_formats[0]))
@@ -1100,10 +1106,12 @@ static inline int cyf_formats_select(int features)
         i8->gemv_block_rows = cyf_i8q_gemv_block_rows_vnni;
         i8->dot_t = cyf_i8q_dot_t_vnni;
         i8->dot_t_rows = cyf_i8q_dot_t_rows_vnni;
-        i8->kernels = "int8 activations, AVX512-VNNI vpdpbusd";
+        i8->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
         i4->gemv_block = cyf_i4q_gemv_block_vnni;
         i4->gemv_block_rows = cyf_i4q_gemv_block_rows_vnni;
-        i4->kernels = "[K, N]: int8 activations, AVX512-VNNI vpdpbusd; [N, K]: widened to float32, FMA";
+        i8->qgemm = &cyf_i8_qgemm_vnni;
+        i4->qgemm = &cyf_i4_qgemm_vnni;
+        i4->kernels = "[K, N]: int8 activations in decode and prefill, AVX512-VNNI vpdpbusd; [N, K]: widened to float32, FMA";
 #endif
         return bf16 | 1;
     }
@@ -1111,10 +1119,12 @@ static inline int cyf_formats_select(int features)
     i8->gemv_block_rows = NULL;
     i8->dot_t = cyf_i8q_dot_t_generic;
     i8->dot_t_rows = NULL;
-    i8->kernels = "int8 activations, generic integer loops";
+    i8->kernels = "int8 activations in decode and prefill, generic integer loops";
     i4->gemv_block = cyf_i4q_gemv_block_generic;
     i4->gemv_block_rows = NULL;
-    i4->kernels = "[K, N]: int8 activations, generic integer loops; [N, K]: widened to float32, FMA";
+    i8->qgemm = &cyf_i8_qgemm_generic;
+    i4->qgemm = &cyf_i4_qgemm_generic;
+    i4->kernels = "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA";
     return bf16;
 }
 

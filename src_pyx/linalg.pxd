@@ -16,6 +16,14 @@
 # (a row per output: the unembedding).  Callers ask W.f for the format's
 # kernels and never test the format.
 cdef extern from "formats.h" nogil:
+    # The integer GEMM of int8 / int4 weights (qgemm.h): panel packing and the register tile.
+    ctypedef struct cyf_qgemm:
+        void (*pack)(unsigned char* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
+                     Py_ssize_t pw) noexcept nogil
+        void (*tile)(float* c, const signed char* q, const float* d, const int* bsum, int rows,
+                     const unsigned char* strip, Py_ssize_t nblk, int bpp) noexcept nogil
+        void (*pack_t)(unsigned char* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
+                       Py_ssize_t pw) noexcept nogil  # for W [N, K]; NULL: float32 panels
     ctypedef struct cyf_format:
         const char* name
         const char* kernels
@@ -31,6 +39,7 @@ cdef extern from "formats.h" nogil:
         void (*pack_run)(float* dst, const Wt* W, Py_ssize_t N, Py_ssize_t k, Py_ssize_t n, Py_ssize_t cnt) noexcept nogil
         void (*pack_t)(float* dst, Py_ssize_t ldd, const Wt* W, Py_ssize_t n, Py_ssize_t k0, Py_ssize_t kn,
                        Py_ssize_t K) noexcept nogil
+        const cyf_qgemm* qgemm  # the integer GEMM of W [K, N], or NULL: float32 panels
     ctypedef struct Wt "cyf_wt":
         const void* data
         const float* scale  # the format's scales, or NULL
@@ -40,6 +49,9 @@ cdef extern from "formats.h" nogil:
     int CYF_NFORMATS
     int cyf_formats_select(int features)
     const cyf_format* cyf_format_at(int code)
+    enum: CYF_QB, CYF_QMR, CYF_QNR
+    Py_ssize_t cyf_qstrip_bytes(Py_ssize_t K)
+    void cyf_q8_row_gemm(const float* x, Py_ssize_t K, signed char* q, float* d, int* bsum)
     void cyf_dequant_row_t(float* out, const Wt* W, Py_ssize_t n, Py_ssize_t K)
 
 cdef inline Wt f32_weights(const float* W, bint t, Py_ssize_t ld) noexcept nogil:
@@ -52,8 +64,8 @@ cdef inline Wt f32_weights(const float* W, bint t, Py_ssize_t ld) noexcept nogil
 cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, list keep) except *
 
 # Floats of scratch memory that linear() needs for T rows of x [T, K] @ W
-# (W [K, N], or [N, K] with w_t) on nthreads threads.
-cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+# (W [K, N], or [N, K] when W.t) on nthreads threads.
+cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, Wt W,
                                     int nthreads) noexcept nogil
 
 cdef enum:

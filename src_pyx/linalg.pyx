@@ -55,10 +55,31 @@ cdef inline Py_ssize_t _gemm_scratch(Py_ssize_t K) noexcept nogil:
     return K * GEMM_NC + CYF_MR * CYF_NR  # a packed panel and one output tile
 
 
-cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, bint w_t,
+cdef inline bint _qgemm_of(Wt W) noexcept nogil:
+    # the format has an integer GEMM for W in its orientation
+    return W.f.qgemm != NULL and (not W.t or W.f.qgemm.pack_t != NULL)
+
+
+cdef inline Py_ssize_t _lines(Py_ssize_t nbytes) noexcept nogil:
+    # floats of whole 64-byte lines that hold nbytes
+    return (nbytes + 63) // 64 * 16
+
+
+cdef inline Py_ssize_t _qgemm_thread_scratch(Py_ssize_t K) noexcept nogil:
+    return _lines(GEMM_NC // CYF_QNR * cyf_qstrip_bytes(K)) + CYF_QMR * CYF_QNR  # a packed panel, one tile
+
+
+cdef inline Py_ssize_t _qgemm_rows_scratch(Py_ssize_t T, Py_ssize_t K) noexcept nogil:
+    cdef Py_ssize_t nblk = (K + CYF_QB - 1) // CYF_QB
+    return _lines(T * nblk * CYF_QB) + 2 * _lines(T * nblk * 4)  # codes, d, bsum of every row
+
+
+cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, Wt W,
                                     int nthreads) noexcept nogil:
     if T < MATVEC_ROWS:  # shared partial sums (W [K, N] only), accumulators per thread
-        return (0 if w_t else gemv_partials_size(K, N)) + nthreads * GEMV_COLS
+        return (0 if W.t else gemv_partials_size(K, N)) + nthreads * GEMV_COLS
+    if _qgemm_of(W):
+        return _qgemm_rows_scratch(T, K) + nthreads * _qgemm_thread_scratch(K)
     return nthreads * _gemm_scratch(K)
 
 
@@ -167,6 +188,58 @@ cdef void _gemm(float* out, const float* x, Wt W, const float* b,
                     for r in range(rows):
                         _finish(out + (t0 + r) * N + ns0, tile + r * CYF_NR,
                                 b + ns0 if b != NULL else NULL, nw, act, accumulate)
+
+
+cdef void _gemm_q(float* out, const float* x, Wt W, const float* b,
+                  Py_ssize_t T, Py_ssize_t K, Py_ssize_t N,
+                  int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
+    # The integer GEMM of a format with a qgemm (int8, int4; qgemm.h): every
+    # row of x quantized once as decode does it (rows split over threads),
+    # then _gemm's panels, each packed into int8 strips, and tiles of
+    # CYF_QMR rows whose sums are the matrix-vector path's, bit for bit:
+    # partial sums over GEMV_ROWS inputs, added in order, then _finish.
+    cdef const cyf_qgemm* g = W.f.qgemm
+    cdef Py_ssize_t nblk = (K + CYF_QB - 1) // CYF_QB
+    cdef Py_ssize_t sb = cyf_qstrip_bytes(K)
+    cdef signed char* q = <signed char*>scratch
+    cdef float* d = scratch + _lines(T * nblk * CYF_QB)
+    cdef int* bsum = <int*>(d + _lines(T * nblk * 4))
+    cdef float* per = <float*>(bsum) + _lines(T * nblk * 4)
+    cdef Py_ssize_t tail0 = _gemm_tail_start(N)
+    cdef Py_ssize_t nwide = tail0 // GEMM_NC
+    cdef Py_ssize_t nitems = nwide + (N - tail0 + GEMM_TAIL_NC - 1) // GEMM_TAIL_NC
+    cdef Py_ssize_t t, p, n0, pw, nstr, si, ns0, nw, tt, t0, r
+    cdef int rows
+    cdef unsigned char* panel
+    cdef float* tile
+    for t in prange(T, num_threads=nthreads if nthreads < T else <int>T, schedule="static"):
+        cyf_q8_row_gemm(x + t * K, K, q + t * nblk * CYF_QB, d + t * nblk, bsum + t * nblk)
+    with parallel(num_threads=nthreads):
+        panel = <unsigned char*>(per + threadid() * _qgemm_thread_scratch(K))
+        tile = per + threadid() * _qgemm_thread_scratch(K) + _lines(GEMM_NC // CYF_QNR * sb)
+        for p in prange(nitems, schedule="dynamic", chunksize=1):
+            if p < nwide:
+                n0 = p * GEMM_NC
+                pw = GEMM_NC
+            else:
+                n0 = tail0 + (p - nwide) * GEMM_TAIL_NC
+                pw = N - n0 if N - n0 < GEMM_TAIL_NC else GEMM_TAIL_NC
+            nstr = (pw + CYF_QNR - 1) // CYF_QNR
+            if W.t:
+                g.pack_t(panel, &W, K, N, n0, pw)
+            else:
+                g.pack(panel, &W, K, N, n0, pw)
+            for tt in range((T + CYF_QMR - 1) // CYF_QMR):
+                t0 = tt * CYF_QMR
+                rows = <int>(T - t0 if T - t0 < CYF_QMR else CYF_QMR)
+                for si in range(nstr):
+                    ns0 = n0 + si * CYF_QNR
+                    nw = N - ns0 if N - ns0 < CYF_QNR else CYF_QNR
+                    g.tile(tile, q + t0 * nblk * CYF_QB, d + t0 * nblk, bsum + t0 * nblk, rows,
+                           panel + si * sb, nblk, GEMV_ROWS // CYF_QB)
+                    for r in range(rows):
+                        _finish(out + (t0 + r) * N + ns0, tile + r * CYF_QNR, b + ns0 if b != NULL else NULL,
+                                nw, act, accumulate, W.scale + ns0 if W.f.out_scale else NULL)
 
 
 cdef void gemv_cols(float* out, const float* x, Wt W, const float* b,
@@ -344,6 +417,8 @@ cdef void linear(float* out, const float* x, Wt W, const float* b,
         return
     if T < MATVEC_ROWS:
         _gemv(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
+    elif _qgemm_of(W):  # the format's integer GEMM
+        _gemm_q(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
     elif T < GEMM_DIRECT_ROWS and T <= K and W.f.in_place and not W.t:
         _gemm_direct(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
     else:
@@ -586,7 +661,7 @@ def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="no
         for a in keep:
             _checks.no_overlap(fn, "out", out, W=a)
     cdef int nt = _checks.threads(fn, threads)
-    cdef float* ps = scratch_floats(fn, workspace, linear_scratch_size(T, K, N, w_transposed, nt), keep)
+    cdef float* ps = scratch_floats(fn, workspace, linear_scratch_size(T, K, N, w, nt), keep)
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
     cdef const float* pb = cptr(b)

@@ -82,8 +82,8 @@ def mlp_forward(x, W_in, b_in, W_out, b_out, out=None, *, activation="gelu_new",
         raise ValueError(f"mlp: empty dimension (T={T}, C={C}, F={F})")
     cdef int nt = _checks.threads(fn, threads)
     cdef Py_ssize_t nh = mlp_hidden_size(T, F, act)
-    cdef float* ph = scratch_floats(fn, workspace, nh + max(linear_scratch_size(T, C, N, False, nt),
-                                                            linear_scratch_size(T, F, C, False, nt)), keep)
+    cdef float* ph = scratch_floats(fn, workspace, nh + max(linear_scratch_size(T, C, N, wi, nt),
+                                                            linear_scratch_size(T, F, C, wo, nt)), keep)
     cdef float* ps = ph + nh
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)

@@ -254,7 +254,7 @@ def test_linear_matches_numpy_on_dequantized_weights(rng, fmt, transposed, T, th
     Wd = p.dequantize().astype(np.float64)
     ref = x.astype(np.float64) @ (Wd.T if transposed else Wd) + b
     got = linalg.linear_forward(x, p, b, w_transposed=transposed, threads=threads)
-    if fmt in ("int8", "int4") and T < 4 and not transposed:  # matrix-vector (decode): int8 activations
+    if fmt in ("int8", "int4") and not transposed:  # int8 activations, matrix-vector path and GEMM alike
         from cyformer.backends.numpy_ref import q4_matvec, q8_matvec
         ref = np.stack([q8_matvec(r, p.data, p.scale, 64) if fmt == "int8" else q4_matvec(r, p.data, p.scale, 64)
                         for r in x]).astype(np.float64) + b
@@ -269,6 +269,10 @@ def test_linear_matches_numpy_on_dequantized_weights(rng, fmt, transposed, T, th
         ref = np.stack([bf16dp_dot_t(r, p.data) if transposed else bf16dp_matvec(r, p.data, 64)
                         for r in x]).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    elif fmt == "int8":  # and its integer GEMM: q8_matvec's sums of the transposed codes
+        from cyformer.backends.numpy_ref import q8_matvec
+        ref = np.stack([q8_matvec(r, np.ascontiguousarray(p.data.T), p.scale, 64) for r in x]).astype(np.float64) + b
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     else:
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     again = linalg.linear_forward(x, p, b, w_transposed=transposed, threads=3 - threads)
@@ -282,9 +286,23 @@ def test_mlp_and_embedding_take_packed_weights(rng, fmt):
     W_in = quantize(rng.standard_normal((C, 2 * F)).astype(np.float32) / 8, fmt)
     W_out = quantize(rng.standard_normal((F, C)).astype(np.float32) / 10, fmt)
     got = mlp.mlp_forward(x, W_in, None, W_out, None, activation="swiglu")
-    h = x.astype(np.float64) @ dequantize(W_in)
-    ref = (h[:, :F] / (1 + np.exp(-h[:, :F])) * h[:, F:]) @ dequantize(W_out)
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    if fmt in ("int8", "int4"):  # int8 activations: each product is the q8 reference's
+        from cyformer.backends.numpy_ref import q4_matvec, q8_matvec
+
+        def prod(a, W):
+            return np.stack([q8_matvec(r, W.data, W.scale, 64) if fmt == "int8" else q4_matvec(r, W.data, W.scale, 64)
+                             for r in a]).astype(np.float64)
+        h = prod(x, W_in)
+        post = (h[:, :F] / (1 + np.exp(-h[:, :F])) * h[:, F:]).astype(np.float32)
+        # a hidden value a rounding away from a code's half step may take the
+        # neighbouring code: one step of its block (amax / 127) times a weight
+        ref = prod(post, W_out)
+        atol = 2 * np.abs(post).max() / 127 * np.abs(dequantize(W_out)).max()
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=atol)
+    else:
+        h = x.astype(np.float64) @ dequantize(W_in)
+        ref = (h[:, :F] / (1 + np.exp(-h[:, :F])) * h[:, F:]) @ dequantize(W_out)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     wte = quantize(rng.standard_normal((V, C)).astype(np.float32), fmt, transposed=True)
     ids = np.array([3, 0, 49, 3])
     np.testing.assert_array_equal(linalg.embedding(ids, wte, None), dequantize(wte)[ids])
@@ -343,9 +361,12 @@ def perplexity_and_top1(model, ids):
 # relative perplexity change and top-1 agreement with float32 allowed, per
 # format: the issue's bounds (bf16 0.3 % / 99.5 %, int8 1 % / 98 %, int4 6 % /
 # 90 %), tightened where the bundled model measured better (on these 3072
-# tokens: bf16 -0.003 %, 99.80 %; int8 +0.15 %, 98.80 %; int4, its embedding
-# in int8 and its group scales searched, +0.99 %, 92.38 %)
-BOUNDS = {"bfloat16": (0.003, 0.995), "int8": (0.003, 0.985), "int4": (0.015, 0.915)}
+# tokens: bf16 -0.003 %, 99.80 %; int8 +0.16 %, 98.24 %; int4, its embedding
+# in int8 and its group scales searched, +0.97 %, 92.41 %).  int8 and int4
+# prefill multiplies int8 activations as decode does (float activations had
+# int8 +0.15 %, 98.80 %, int4 +0.99 %, 92.38 %): int8's agreement bound is
+# the issue's 98 %.
+BOUNDS = {"bfloat16": (0.003, 0.995), "int8": (0.003, 0.98), "int4": (0.015, 0.915)}
 
 
 @pytest.fixture(scope="module")
@@ -441,8 +462,11 @@ def test_llama_family_in_every_format(tmp_path, rng):
     for fmt in PACKED:
         m = cyformer.load(tmp_path, dtype=fmt)
         got = m.forward(ids)
-        # the same model on its dequantized weights, in float32: what the format computes
-        exact = cyformer.Model(m.config, m.float_weights).forward(ids)
+        if fmt == "bfloat16":  # the same model on its dequantized weights, in float32: what the format computes
+            exact = cyformer.Model(m.config, m.float_weights).forward(ids)
+        else:  # int8 activations in prefill and decode alike: the logits of one-token steps
+            be, kv = m.backend, m.backend.new_cache(len(ids))
+            exact = np.stack([np.asarray(be.run(ids[t:t + 1], kv, True))[-1] for t in range(len(ids))])
         np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4)
         errs[fmt] = float(np.abs(got - ref).max())
         g = m.generate(ids[:4].tolist(), max_new_tokens=6)
@@ -643,6 +667,31 @@ def test_int8_unembedding_is_the_q8_reference(rng, int8_variant, K, N, threads):
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
                          ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_integer_gemm_rows_are_the_matvec_rows(rng, int8_variant, fmt, K, N, threads):
+    # prefill (T >= 4 rows: the integer GEMM) gives every row the bits of
+    # decode's matrix-vector product and of the q8 reference, so a row's
+    # logits do not depend on the path it took
+    from cyformer.backends.numpy_ref import q4_matvec, q8_matvec
+    linalg.select_format_kernels(int8_variant)
+    W = quantize(rng.standard_normal((K, N)).astype(np.float32), fmt)
+    x = rng.standard_normal((23, K)).astype(np.float32)
+    x[2, :min(K, 40)] *= 1e-3  # blocks of very different scales
+    x[5] = 0.0                 # d = 0
+    ref = q8_matvec if fmt == "int8" else q4_matvec
+    want = np.stack([ref(r, W.data, W.scale, 64) for r in x])  # linalg's GEMV_ROWS
+    for T in (4, 7, 23):  # tiles of 6 rows: one part-filled, one full and part-filled, several
+        got = linalg.linear_forward(x[:T], W, threads=threads)
+        np.testing.assert_array_equal(got.view(np.uint32), want[:T].view(np.uint32))
+        for t in (0, T - 1):
+            one = linalg.linear_forward(x[t:t + 1], W, threads=threads)
+            np.testing.assert_array_equal(got[t].view(np.uint32), one[0].view(np.uint32))
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
 def test_int8_unembedding_non_finite_activations_give_nan(int8_variant):
     from cyformer.backends.numpy_ref import q8_matvec_t
     linalg.select_format_kernels(int8_variant)
@@ -691,6 +740,50 @@ def test_batched_step_every_int8_variant(rng, ragged_checkpoint, int8_variant, d
         got = be.step.batch(tokens, [kv.k for kv in together], [kv.v for kv in together],
                             [kv.length for kv in together], threads=2)
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+@pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (95, 70), (200, 129)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_integer_gemm_of_int8_unembedding(rng, int8_variant, K, N, threads):
+    # W [N, K] (a row per output) packs into the same strips: q8_matvec's
+    # sums bit for bit; decode's dot_t adds the same integer sums in another
+    # order (numpy_ref.q8_matvec_t), so they agree to float rounding
+    from cyformer.backends.numpy_ref import q8_matvec, q8_matvec_t
+    linalg.select_format_kernels(int8_variant)
+    W = quantize(rng.standard_normal((N, K)).astype(np.float32), "int8", transposed=True)
+    x = rng.standard_normal((9, K)).astype(np.float32)
+    x[4, :min(K, 40)] *= 1e-3
+    got = linalg.linear_forward(x, W, w_transposed=True, threads=threads)
+    want = np.stack([q8_matvec(r, np.ascontiguousarray(W.data.T), W.scale, 64) for r in x])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    one = np.stack([linalg.linear_forward(x[t:t + 1], W, w_transposed=True)[0] for t in range(9)])
+    np.testing.assert_array_equal(one, np.stack([q8_matvec_t(r, W.data, W.scale) for r in x]))
+    np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-6 * np.abs(one).max())
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_integer_gemm_epilogue_and_non_finite_rows(rng, int8_variant, fmt):
+    # bias, activation and accumulate as the matrix-vector path applies them;
+    # a NaN or infinity spoils its own row only
+    linalg.select_format_kernels(int8_variant)
+    K, N = 130, 200
+    W = quantize(rng.standard_normal((K, N)).astype(np.float32) / 8, fmt)
+    b = rng.standard_normal(N).astype(np.float32)
+    x = rng.standard_normal((9, K)).astype(np.float32)
+    x[3, 100] = np.nan
+    x[7, 0] = -np.inf
+    for kw in ({"activation": "gelu_new"}, {"activation": "gelu"}, {"accumulate": True}):
+        base = rng.standard_normal((9, N)).astype(np.float32)
+        got = linalg.linear_forward(x, W, b, out=base.copy() if "accumulate" in kw else None, threads=2, **kw)
+        for t in range(9):
+            one = linalg.linear_forward(x[t:t + 1], W, b, out=base[t:t + 1].copy() if "accumulate" in kw else None,
+                                        threads=2, **kw)
+            np.testing.assert_array_equal(got[t].view(np.uint32), one[0].view(np.uint32))
+    assert np.isnan(got[[3, 7]]).all() and np.isfinite(np.delete(got, [3, 7], axis=0)).all()
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,

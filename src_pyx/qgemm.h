@@ -1,0 +1,328 @@
+/* The integer GEMM of int8 and int4 weights (prefill): a format row's
+ * optional `qgemm` (formats.h).  Included by formats.h after cyf_q8_block.
+ *
+ * Each row of x is quantized once per product exactly as decode does
+ * (cyf_q8_row: the same codes q and block scales d), the weights are packed
+ * a panel at a time into a VNNI layout (below), and a register tile of
+ * CYF_QMR rows by CYF_QNR outputs sums exact int32 products per block of
+ * CYF_QB inputs.  The float arithmetic is the matrix-vector path's, term by
+ * term: for each run of bpp blocks (linalg's GEMV_ROWS rows) a partial sum
+ * p = fma(d_b, isum_b, p) from 0 in block order (int4: (d_b * s_b) first),
+ * the partials added in order.  So a row's outputs are bitwise those of the
+ * decode kernels and of backends/numpy_ref's q8_matvec / q4_matvec, whether
+ * it went through the GEMM or the matrix-vector path, on any CPU. */
+#ifndef CYFORMER_QGEMM_H
+#define CYFORMER_QGEMM_H
+
+#define CYF_QMR 6   /* rows of x per register tile: 12 int32 + 12 float accumulators */
+#define CYF_QNR 32  /* outputs per packed strip: two vectors of 16 int32 lanes */
+
+/* A packed strip of CYF_QNR outputs, for K inputs in nblk = ceil(K / CYF_QB)
+ * blocks (Kp = nblk * CYF_QB):
+ *   codes  [Kp / 4][CYF_QNR][4] bytes: w + 128 (unsigned, vpdpbusd's first
+ *          operand), 4 consecutive inputs of one output per int32 lane;
+ *          inputs past K and outputs past N hold w = 0;
+ *   scales [nblk][CYF_QNR] floats: int4's group scales (unused for int8).
+ * The code of an input past K meets an activation code 0, so its value
+ * never matters; it is set for tidiness. */
+static inline ptrdiff_t cyf_qstrip_bytes(ptrdiff_t K)
+{
+    const ptrdiff_t nblk = (K + CYF_QB - 1) / CYF_QB;
+    return nblk * CYF_QB * CYF_QNR + nblk * CYF_QNR * (ptrdiff_t)sizeof(float);
+}
+
+typedef struct cyf_qgemm {
+    /* columns n0 .. n0+pw-1 of W [K, N] into ceil(pw / CYF_QNR) strips of
+     * cyf_qstrip_bytes(K) each, one after another */
+    void (*pack)(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw);
+    /* c[r * CYF_QNR + j] = row r of the quantized x times output j of the
+     * strip, r < rows <= CYF_QMR (before the format's out_scale): codes q
+     * [rows][nblk * CYF_QB], d and bsum [rows][nblk] (cyf_q8_rows_gemm),
+     * bpp blocks per partial sum */
+    void (*tile)(float *c, const signed char *q, const float *d, const int *bsum, int rows,
+                 const unsigned char *strip, ptrdiff_t nblk, int bpp);
+    /* pack for W [N, K] (a row per output: the unembedding), or NULL: such
+     * a matrix takes the float32 GEMM */
+    void (*pack_t)(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw);
+} cyf_qgemm;
+
+/* x [K] -> codes q [nblk * CYF_QB] (zero past K), d [nblk] (cyf_q8_row's)
+ * and bsum[b] = 128 * the sum of block b's codes: the correction for the
+ * weights' +128. */
+static inline void cyf_q8_row_gemm(const float *x, ptrdiff_t K, signed char *q, float *d, int *bsum)
+{
+    cyf_q8_row(x, K, q, d, NULL);
+    for (ptrdiff_t b = 0; b * CYF_QB < K; b++) {
+        int s = 0;
+        for (int i = 0; i < CYF_QB; i++)
+            s += q[b * CYF_QB + i];
+        bsum[b] = 128 * s;
+    }
+}
+
+static inline unsigned char *cyf_qstrip_code(unsigned char *strip, ptrdiff_t k, ptrdiff_t j)
+{
+    return strip + (k >> 2) * (4 * CYF_QNR) + j * 4 + (k & 3);
+}
+
+/* The strips' codes set to w = 0 and scales to 0 before the columns go in. */
+static inline void cyf_qpanel_clear(unsigned char *panel, ptrdiff_t K, ptrdiff_t nstr)
+{
+    const ptrdiff_t sb = cyf_qstrip_bytes(K), cb = (K + CYF_QB - 1) / CYF_QB * CYF_QB * CYF_QNR;
+    for (ptrdiff_t s = 0; s < nstr; s++) {
+        memset(panel + s * sb, 128, (size_t)cb);
+        memset(panel + s * sb + cb, 0, (size_t)(sb - cb));
+    }
+}
+
+static void cyf_i8_qpack(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw)
+{
+    (void)N;
+    const ptrdiff_t sb = cyf_qstrip_bytes(K), nstr = (pw + CYF_QNR - 1) / CYF_QNR;
+    cyf_qpanel_clear(panel, K, nstr);
+    for (ptrdiff_t k = 0; k < K; k++) {
+        const signed char *row = (const signed char *)W->data + k * W->ld + n0;
+        for (ptrdiff_t s = 0; s < nstr; s++) {
+            unsigned char *dst = cyf_qstrip_code(panel + s * sb, k, 0);
+            const ptrdiff_t nc = pw - s * CYF_QNR < CYF_QNR ? pw - s * CYF_QNR : CYF_QNR;
+            for (ptrdiff_t j = 0; j < nc; j++)
+                dst[4 * j] = (unsigned char)(row[s * CYF_QNR + j] + 128);
+        }
+    }
+}
+
+/* W [N, K]: output n's 4 consecutive codes are 4 consecutive bytes of its row. */
+static void cyf_i8_qpack_t(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw)
+{
+    (void)N;
+    const ptrdiff_t sb = cyf_qstrip_bytes(K), nstr = (pw + CYF_QNR - 1) / CYF_QNR;
+    cyf_qpanel_clear(panel, K, nstr);
+    for (ptrdiff_t j = 0; j < pw; j++) {
+        const signed char *row = (const signed char *)W->data + (n0 + j) * W->ld;
+        unsigned char *strip = panel + (j / CYF_QNR) * sb;
+        for (ptrdiff_t k = 0; k < K; k++)
+            *cyf_qstrip_code(strip, k, j % CYF_QNR) = (unsigned char)(row[k] + 128);
+    }
+}
+
+/* int4: nibbles unpacked to codes (nibble - 8 + 128), the group scales
+ * (a group is an activation block: CYF_GROUP == CYF_QB) copied beside. */
+static void cyf_i4_qpack(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw)
+{
+    const ptrdiff_t sb = cyf_qstrip_bytes(K), nstr = (pw + CYF_QNR - 1) / CYF_QNR;
+    const ptrdiff_t nblk = (K + CYF_QB - 1) / CYF_QB, cb = nblk * CYF_QB * CYF_QNR;
+    cyf_qpanel_clear(panel, K, nstr);
+    for (ptrdiff_t k = 0; k < K; k++) {
+        const unsigned char *row = (const unsigned char *)W->data + (k >> 1) * W->ld + n0;
+        const int sh = (int)(k & 1) * 4;
+        for (ptrdiff_t j = 0; j < pw; j++)
+            *cyf_qstrip_code(panel + (j / CYF_QNR) * sb, k, j % CYF_QNR) = (unsigned char)(((row[j] >> sh) & 15) + 120);
+    }
+    for (ptrdiff_t b = 0; b < nblk; b++)
+        for (ptrdiff_t j = 0; j < pw; j++)
+            ((float *)(panel + (j / CYF_QNR) * sb + cb))[b * CYF_QNR + j % CYF_QNR] = W->scale[b * N + n0 + j];
+}
+
+/* The tile in integer loops: every CPU, and the oracle of the vector one. */
+static inline void cyf_qtile_generic_(float *c, const signed char *q, const float *d, const int *bsum, int rows,
+                                      const unsigned char *strip, ptrdiff_t nblk, int bpp, int grouped)
+{
+    const ptrdiff_t Kp = nblk * CYF_QB;
+    const float *sc = (const float *)(strip + Kp * CYF_QNR);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < CYF_QNR; j++) {
+            float acc = -0.0f;  /* -0 + p is p, bit for bit: the first partial as it is */
+            for (ptrdiff_t b0 = 0; b0 < nblk; b0 += bpp) {
+                float p = 0.0f;
+                for (ptrdiff_t b = b0; b < b0 + bpp && b < nblk; b++) {
+                    int s = -bsum[r * nblk + b];
+                    for (ptrdiff_t k = b * CYF_QB; k < (b + 1) * CYF_QB; k++)
+                        s += (int)*cyf_qstrip_code((unsigned char *)strip, k, j) * q[r * Kp + k];
+                    const float t = grouped ? d[r * nblk + b] * sc[b * CYF_QNR + j] : d[r * nblk + b];
+                    p = __builtin_fmaf(t, (float)s, p);
+                }
+                acc = acc + p;
+            }
+            c[r * CYF_QNR + j] = acc;
+        }
+}
+
+static void cyf_i8_qtile_generic(float *c, const signed char *q, const float *d, const int *bsum, int rows,
+                                 const unsigned char *strip, ptrdiff_t nblk, int bpp)
+{
+    cyf_qtile_generic_(c, q, d, bsum, rows, strip, nblk, bpp, 0);
+}
+
+static void cyf_i4_qtile_generic(float *c, const signed char *q, const float *d, const int *bsum, int rows,
+                                 const unsigned char *strip, ptrdiff_t nblk, int bpp)
+{
+    cyf_qtile_generic_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
+}
+
+static const cyf_qgemm cyf_i8_qgemm_generic = {cyf_i8_qpack, cyf_i8_qtile_generic, cyf_i8_qpack_t};
+static const cyf_qgemm cyf_i4_qgemm_generic = {cyf_i4_qpack, cyf_i4_qtile_generic, NULL};
+
+#if CYF_HAVE_VNNI_KERNELS
+/* The tile with vpdpbusd: per 4 inputs, 2 vectors of packed codes against a
+ * broadcast 4 codes of each row; rows past `rows` repeat the last one (their
+ * sums are computed and not stored). */
+__attribute__((target("avx512vnni"), always_inline))
+static inline void cyf_qtile_vnni_(float *c, const signed char *q, const float *d, const int *bsum, int rows,
+                                   const unsigned char *strip, ptrdiff_t nblk, int bpp, int grouped)
+{
+    const ptrdiff_t Kp = nblk * CYF_QB;
+    const float *sc = (const float *)(strip + Kp * CYF_QNR);
+    const signed char *qr[CYF_QMR];
+    const float *dr[CYF_QMR];
+    const int *br[CYF_QMR];
+    for (int r = 0; r < CYF_QMR; r++) {
+        const int rr = r < rows ? r : rows - 1;
+        qr[r] = q + rr * Kp;
+        dr[r] = d + rr * nblk;
+        br[r] = bsum + rr * nblk;
+    }
+    float acc[CYF_QMR * CYF_QNR] __attribute__((aligned(64)));
+    const __m512 mz = _mm512_set1_ps(-0.0f);  /* -0 + p is p: the first partial as it is */
+    for (int r = 0; r < CYF_QMR; r++) {
+        _mm512_store_ps(acc + r * CYF_QNR, mz);
+        _mm512_store_ps(acc + r * CYF_QNR + 16, mz);
+    }
+    for (ptrdiff_t b0 = 0; b0 < nblk; b0 += bpp) {
+        const ptrdiff_t b1 = b0 + bpp < nblk ? b0 + bpp : nblk;
+        __m512 p[CYF_QMR][2];
+#pragma GCC unroll 6
+        for (int r = 0; r < CYF_QMR; r++)
+            p[r][0] = p[r][1] = _mm512_setzero_ps();
+        for (ptrdiff_t b = b0; b < b1; b++) {
+            __m512i s[CYF_QMR][2];
+#pragma GCC unroll 6
+            for (int r = 0; r < CYF_QMR; r++)
+                s[r][0] = s[r][1] = _mm512_set1_epi32(-br[r][b]);
+            const unsigned char *w = strip + b * CYF_QB * CYF_QNR;
+#pragma GCC unroll 8
+            for (int g = 0; g < CYF_QB / 4; g++) {
+                const __m512i w0 = _mm512_loadu_si512(w + g * 4 * CYF_QNR);
+                const __m512i w1 = _mm512_loadu_si512(w + g * 4 * CYF_QNR + 64);
+#pragma GCC unroll 6
+                for (int r = 0; r < CYF_QMR; r++) {
+                    int v;
+                    memcpy(&v, qr[r] + b * CYF_QB + 4 * g, 4);
+                    const __m512i qq = _mm512_set1_epi32(v);
+                    s[r][0] = _mm512_dpbusd_epi32(s[r][0], w0, qq);
+                    s[r][1] = _mm512_dpbusd_epi32(s[r][1], w1, qq);
+                }
+            }
+            __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+            if (grouped) {
+                s0 = _mm512_loadu_ps(sc + b * CYF_QNR);
+                s1 = _mm512_loadu_ps(sc + b * CYF_QNR + 16);
+            }
+#pragma GCC unroll 6
+            for (int r = 0; r < CYF_QMR; r++) {
+                const __m512 db = _mm512_set1_ps(dr[r][b]);
+                const __m512 t0 = grouped ? _mm512_mul_ps(db, s0) : db, t1 = grouped ? _mm512_mul_ps(db, s1) : db;
+                p[r][0] = _mm512_fmadd_ps(t0, _mm512_cvtepi32_ps(s[r][0]), p[r][0]);
+                p[r][1] = _mm512_fmadd_ps(t1, _mm512_cvtepi32_ps(s[r][1]), p[r][1]);
+            }
+        }
+#pragma GCC unroll 6
+        for (int r = 0; r < CYF_QMR; r++) {
+            _mm512_store_ps(acc + r * CYF_QNR, _mm512_add_ps(_mm512_load_ps(acc + r * CYF_QNR), p[r][0]));
+            _mm512_store_ps(acc + r * CYF_QNR + 16, _mm512_add_ps(_mm512_load_ps(acc + r * CYF_QNR + 16), p[r][1]));
+        }
+    }
+    memcpy(c, acc, (size_t)rows * CYF_QNR * sizeof(float));
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_i8_qtile_vnni(float *c, const signed char *q, const float *d, const int *bsum, int rows,
+                              const unsigned char *strip, ptrdiff_t nblk, int bpp)
+{
+    cyf_qtile_vnni_(c, q, d, bsum, rows, strip, nblk, bpp, 0);
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_i4_qtile_vnni(float *c, const signed char *q, const float *d, const int *bsum, int rows,
+                              const unsigned char *strip, ptrdiff_t nblk, int bpp)
+{
+    cyf_qtile_vnni_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
+}
+
+/* Packing 64 columns by 4 inputs at a time: the rows interleaved by two
+ * unpacks (columns 16L + 0-3, 4-7, 8-11, 12-15 in 128-bit lane L of four
+ * vectors, as in cyf_i8q_gemv_block_vnni), then a 4 x 4 transpose of lanes
+ * puts 16 consecutive columns in each vector.  The same bytes as the
+ * generic packing. */
+__attribute__((target("avx512vnni"), always_inline))
+static inline void cyf_qpack_vnni_(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
+                                   ptrdiff_t pw, int int4)
+{
+    const ptrdiff_t sb = cyf_qstrip_bytes(K), nblk = (K + CYF_QB - 1) / CYF_QB, Kp = nblk * CYF_QB;
+    const ptrdiff_t nstr = (pw + CYF_QNR - 1) / CYF_QNR, ld = W->ld, nrows = int4 ? (K + 1) / 2 : K;
+    const unsigned char *base = (const unsigned char *)W->data + n0;
+    const __m512i zero = _mm512_setzero_si512(), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i nib = _mm512_set1_epi8(15), off = _mm512_set1_epi8(120);
+    for (ptrdiff_t j0 = 0; j0 < pw; j0 += 64) {
+        const ptrdiff_t nc = pw - j0 < 64 ? pw - j0 : 64;
+        const __mmask64 m = nc == 64 ? ~(__mmask64)0 : ((__mmask64)1 << nc) - 1;
+        unsigned char *s0 = panel + (j0 / CYF_QNR) * sb;
+        const int second = j0 / CYF_QNR + 1 < nstr;
+        for (ptrdiff_t k = 0; k < Kp; k += 4) {
+            __m512i r0, r1, r2, r3;
+            if (int4) {
+                const ptrdiff_t p = k >> 1;
+                const __m512i a = p < nrows ? _mm512_maskz_loadu_epi8(m, base + p * ld + j0) : zero;
+                const __m512i c = p + 1 < nrows ? _mm512_maskz_loadu_epi8(m, base + (p + 1) * ld + j0) : zero;
+                r0 = _mm512_add_epi8(_mm512_and_si512(a, nib), off);
+                r1 = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(a, 4), nib), off);
+                r2 = _mm512_add_epi8(_mm512_and_si512(c, nib), off);
+                r3 = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(c, 4), nib), off);
+            } else {
+                r0 = _mm512_xor_si512(k < nrows ? _mm512_maskz_loadu_epi8(m, base + k * ld + j0) : zero, flip);
+                r1 = _mm512_xor_si512(k + 1 < nrows ? _mm512_maskz_loadu_epi8(m, base + (k + 1) * ld + j0) : zero, flip);
+                r2 = _mm512_xor_si512(k + 2 < nrows ? _mm512_maskz_loadu_epi8(m, base + (k + 2) * ld + j0) : zero, flip);
+                r3 = _mm512_xor_si512(k + 3 < nrows ? _mm512_maskz_loadu_epi8(m, base + (k + 3) * ld + j0) : zero, flip);
+            }
+            const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
+            const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
+            const __m512i e = _mm512_unpacklo_epi16(lo01, lo23), f = _mm512_unpackhi_epi16(lo01, lo23);
+            const __m512i g = _mm512_unpacklo_epi16(hi01, hi23), h = _mm512_unpackhi_epi16(hi01, hi23);
+            const __m512i t0 = _mm512_shuffle_i32x4(e, f, 0x44), t1 = _mm512_shuffle_i32x4(g, h, 0x44);
+            const __m512i t2 = _mm512_shuffle_i32x4(e, f, 0xEE), t3 = _mm512_shuffle_i32x4(g, h, 0xEE);
+            unsigned char *dst = s0 + (k >> 2) * (4 * CYF_QNR);
+            _mm512_storeu_si512(dst, _mm512_shuffle_i32x4(t0, t1, 0x88));
+            _mm512_storeu_si512(dst + 64, _mm512_shuffle_i32x4(t0, t1, 0xDD));
+            if (second) {
+                _mm512_storeu_si512(dst + sb, _mm512_shuffle_i32x4(t2, t3, 0x88));
+                _mm512_storeu_si512(dst + sb + 64, _mm512_shuffle_i32x4(t2, t3, 0xDD));
+            }
+        }
+    }
+    for (ptrdiff_t s = 0; s < nstr; s++) {
+        float *sc = (float *)(panel + s * sb + Kp * CYF_QNR);
+        const ptrdiff_t nc = pw - s * CYF_QNR < CYF_QNR ? pw - s * CYF_QNR : CYF_QNR;
+        for (ptrdiff_t b = 0; b < nblk; b++)
+            for (ptrdiff_t j = 0; j < CYF_QNR; j++)
+                sc[b * CYF_QNR + j] = int4 && j < nc ? W->scale[b * N + n0 + s * CYF_QNR + j] : 0.0f;
+    }
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_i8_qpack_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
+                              ptrdiff_t pw)
+{
+    cyf_qpack_vnni_(panel, W, K, N, n0, pw, 0);
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_i4_qpack_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
+                              ptrdiff_t pw)
+{
+    cyf_qpack_vnni_(panel, W, K, N, n0, pw, 1);
+}
+
+static const cyf_qgemm cyf_i8_qgemm_vnni = {cyf_i8_qpack_vnni, cyf_i8_qtile_vnni, cyf_i8_qpack_t};
+static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qpack_vnni, cyf_i4_qtile_vnni, NULL};
+#endif
+
+#endif
