@@ -826,6 +826,176 @@ static void cyf_i8q_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrd
 #define CYF_HAVE_VNNI_KERNELS 0
 #endif
 
+/* ---- int8 and int4 [K, N] times int8 activations with AVX2 ---------------
+ * vpmaddubsw multiplies unsigned by signed bytes into 16-bit pair sums,
+ * vpmaddwd adds the pairs into int32 lanes: 4 products per lane, as
+ * vpdpbusd.  int8 weights are taken as |w| against the codes with w's sign
+ * (vpsignb), so a pair sum is at most 2 * 128 * 127 < 2^15: exact, no
+ * saturation.  int4's nibbles are q + 8 already unsigned (8 * the codes'
+ * sum taken off, as with VNNI).  Rows are interleaved 4 at a time as in
+ * the VNNI kernels; a 256-bit register holds 32 columns, put back in order
+ * by 128-bit lane permutes.  The same integers and roundings as the
+ * generic loops, so the same bits.  Compiled for AVX2 and FMA function by
+ * function, so every build of the x86-64 levels carries them; chosen at
+ * run time when the CPU has AVX2 but no AVX512-VNNI. */
+#if defined(__x86_64__)
+#define CYF_HAVE_AVX2_KERNELS 1
+#include <immintrin.h>
+
+__attribute__((target("avx2,fma")))
+static void cyf_i8q_gemv_block_avx2(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
+                                    ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
+{
+    const signed char *Wd = (const signed char *)W->data + k0 * W->ld + c0;
+    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB;
+    if (nblk == 0 || cw <= 0) {
+        for (ptrdiff_t j = 0; j < cw; j++)
+            partial[j] = 0.0f;
+        return;
+    }
+    signed char q[nblk * CYF_QB];
+    float d[nblk];
+    cyf_q8_row(x + k0, kb, q, d, NULL);
+    for (ptrdiff_t k = 0; k < kb; k++)
+        for (ptrdiff_t j = 0; j < cw; j += 64)
+            __builtin_prefetch(Wd + k * ld + j, 0, 2);
+    const __m256i zero = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);
+    ptrdiff_t j = 0;
+    for (; j + 32 <= cw; j += 32) {
+        __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+        for (ptrdiff_t b = 0; b < nblk; b++) {
+            __m256i e = zero, f = zero, g = zero, h = zero;
+            const ptrdiff_t kn = kb - b * CYF_QB < CYF_QB ? kb - b * CYF_QB : CYF_QB;
+            for (ptrdiff_t kk = 0; kk < kn; kk += 4) {
+                const signed char *w = Wd + (b * CYF_QB + kk) * ld + j;
+                const __m256i r0 = _mm256_loadu_si256((const __m256i *)w);
+                const __m256i r1 = kk + 1 < kn ? _mm256_loadu_si256((const __m256i *)(w + ld)) : zero;
+                const __m256i r2 = kk + 2 < kn ? _mm256_loadu_si256((const __m256i *)(w + 2 * ld)) : zero;
+                const __m256i r3 = kk + 3 < kn ? _mm256_loadu_si256((const __m256i *)(w + 3 * ld)) : zero;
+                const __m256i lo01 = _mm256_unpacklo_epi8(r0, r1), hi01 = _mm256_unpackhi_epi8(r0, r1);
+                const __m256i lo23 = _mm256_unpacklo_epi8(r2, r3), hi23 = _mm256_unpackhi_epi8(r2, r3);
+                const __m256i ve = _mm256_unpacklo_epi16(lo01, lo23), vf = _mm256_unpackhi_epi16(lo01, lo23);
+                const __m256i vg = _mm256_unpacklo_epi16(hi01, hi23), vh = _mm256_unpackhi_epi16(hi01, hi23);
+                int q4;
+                memcpy(&q4, q + b * CYF_QB + kk, 4);
+                const __m256i qq = _mm256_set1_epi32(q4);
+#define CYF_DP4(ACC, V) ACC = _mm256_add_epi32(ACC, _mm256_madd_epi16(                                  \
+                    _mm256_maddubs_epi16(_mm256_abs_epi8(V), _mm256_sign_epi8(qq, V)), ones))
+                CYF_DP4(e, ve);
+                CYF_DP4(f, vf);
+                CYF_DP4(g, vg);
+                CYF_DP4(h, vh);
+#undef CYF_DP4
+            }
+            /* e, f, g, h hold columns 16L + (0-3, 4-7, 8-11, 12-15) in 128-bit lane L */
+            const __m256 db = _mm256_set1_ps(d[b]);
+            f0 = _mm256_fmadd_ps(db, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(e, f, 0x20)), f0);
+            f1 = _mm256_fmadd_ps(db, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(g, h, 0x20)), f1);
+            f2 = _mm256_fmadd_ps(db, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(e, f, 0x31)), f2);
+            f3 = _mm256_fmadd_ps(db, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(g, h, 0x31)), f3);
+        }
+        _mm256_storeu_ps(partial + j, f0);
+        _mm256_storeu_ps(partial + j + 8, f1);
+        _mm256_storeu_ps(partial + j + 16, f2);
+        _mm256_storeu_ps(partial + j + 24, f3);
+    }
+    if (j < cw) {  /* the last columns through the generic loops: the same integers, the same roundings */
+        cyf_wt rest = *W;
+        rest.data = (const signed char *)W->data + j;
+        cyf_i8q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
+    }
+}
+
+__attribute__((target("avx2,fma")))
+static void cyf_i4q_gemv_block_avx2(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
+                                    ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
+{
+    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB, npairs = (kb + 1) / 2;
+    const unsigned char *Wd = (const unsigned char *)W->data + (k0 >> 1) * ld + c0;
+    if (nblk == 0 || cw <= 0) {
+        for (ptrdiff_t j = 0; j < cw; j++)
+            partial[j] = 0.0f;
+        return;
+    }
+    signed char q[nblk * CYF_QB];
+    float d[nblk];
+    int bsum[nblk], qe[nblk * 4], qo[nblk * 4];
+    cyf_q8_row(x + k0, kb, q, d, NULL);
+    for (ptrdiff_t b = 0; b < nblk; b++) {
+        const signed char *qb = q + b * CYF_QB;
+        bsum[b] = 0;
+        for (int i = 0; i < CYF_QB; i++)
+            bsum[b] += qb[i];
+        bsum[b] *= 8;
+        for (int it = 0; it < 4; it++) {
+            const signed char e[4] = {qb[8 * it], qb[8 * it + 2], qb[8 * it + 4], qb[8 * it + 6]};
+            const signed char o[4] = {qb[8 * it + 1], qb[8 * it + 3], qb[8 * it + 5], qb[8 * it + 7]};
+            memcpy(qe + b * 4 + it, e, 4);
+            memcpy(qo + b * 4 + it, o, 4);
+        }
+    }
+    for (ptrdiff_t p = 0; p < npairs; p++)
+        for (ptrdiff_t j = 0; j < cw; j += 64)
+            __builtin_prefetch(Wd + p * ld + j, 0, 2);
+    const __m256i nib = _mm256_set1_epi8(15), zero = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);
+    ptrdiff_t j = 0;
+    for (; j + 32 <= cw; j += 32) {
+        __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+        for (ptrdiff_t b = 0; b < nblk; b++) {
+            __m256i e = zero, f = zero, g = zero, h = zero;
+            for (int it = 0; it < 4; it++) {
+                const ptrdiff_t p0 = b * (CYF_QB / 2) + 4 * it;
+                if (p0 >= npairs)
+                    break;
+                const unsigned char *w = Wd + p0 * ld + j;
+                const __m256i r0 = _mm256_loadu_si256((const __m256i *)w);
+                const __m256i r1 = p0 + 1 < npairs ? _mm256_loadu_si256((const __m256i *)(w + ld)) : zero;
+                const __m256i r2 = p0 + 2 < npairs ? _mm256_loadu_si256((const __m256i *)(w + 2 * ld)) : zero;
+                const __m256i r3 = p0 + 3 < npairs ? _mm256_loadu_si256((const __m256i *)(w + 3 * ld)) : zero;
+                const __m256i lo01 = _mm256_unpacklo_epi8(r0, r1), hi01 = _mm256_unpackhi_epi8(r0, r1);
+                const __m256i lo23 = _mm256_unpacklo_epi8(r2, r3), hi23 = _mm256_unpackhi_epi8(r2, r3);
+                const __m256i ve = _mm256_unpacklo_epi16(lo01, lo23), vf = _mm256_unpackhi_epi16(lo01, lo23);
+                const __m256i vg = _mm256_unpacklo_epi16(hi01, hi23), vh = _mm256_unpackhi_epi16(hi01, hi23);
+                const __m256i qqe = _mm256_set1_epi32(qe[b * 4 + it]), qqo = _mm256_set1_epi32(qo[b * 4 + it]);
+                /* nibble x code pair sums are at most 2 * 15 * 127: the even and odd
+                 * inputs' sums add in 16 bits before vpmaddwd */
+#define CYF_DP4(ACC, V) ACC = _mm256_add_epi32(ACC, _mm256_madd_epi16(_mm256_add_epi16(                  \
+                    _mm256_maddubs_epi16(_mm256_and_si256(V, nib), qqe),                                 \
+                    _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(V, 4), nib), qqo)), ones))
+                CYF_DP4(e, ve);
+                CYF_DP4(f, vf);
+                CYF_DP4(g, vg);
+                CYF_DP4(h, vh);
+#undef CYF_DP4
+            }
+            const __m256i c = _mm256_set1_epi32(bsum[b]);
+            const __m256 db = _mm256_set1_ps(d[b]);
+            const float *s = W->scale + ((k0 + b * CYF_QB) / CYF_GROUP) * N + c0 + j;
+            f0 = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_loadu_ps(s)),
+                                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_permute2x128_si256(e, f, 0x20), c)), f0);
+            f1 = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_loadu_ps(s + 8)),
+                                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_permute2x128_si256(g, h, 0x20), c)), f1);
+            f2 = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_loadu_ps(s + 16)),
+                                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_permute2x128_si256(e, f, 0x31), c)), f2);
+            f3 = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_loadu_ps(s + 24)),
+                                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_permute2x128_si256(g, h, 0x31), c)), f3);
+        }
+        _mm256_storeu_ps(partial + j, f0);
+        _mm256_storeu_ps(partial + j + 8, f1);
+        _mm256_storeu_ps(partial + j + 16, f2);
+        _mm256_storeu_ps(partial + j + 24, f3);
+    }
+    if (j < cw) {  /* the last columns through the generic loops: the same integers, the same roundings */
+        cyf_wt rest = *W;
+        rest.data = (const unsigned char *)W->data + j;
+        rest.scale = W->scale + j;
+        cyf_i4q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
+    }
+}
+#else
+#define CYF_HAVE_AVX2_KERNELS 0
+#endif
+
 /* ---- bfloat16 weights times bfloat16 activations: AVX512-BF16 -------------
  * vdpbf16ps adds the products of two bf16 pairs into each float32 lane:
  * acc = fma(a[2i+1], b[2i+1], acc), then acc = fma(a[2i], b[2i], acc), each
@@ -1093,7 +1263,8 @@ static inline int cyf_formats_select_bf16(int features)
 }
 
 /* Point each row at the best kernels this CPU runs: features as
- * cyformer._runtime.cpu_features()'s bits (1: AVX512-VNNI, 2: AVX512-BF16).
+ * cyformer._runtime.cpu_features()'s bits (1: AVX512-VNNI, 2: AVX512-BF16,
+ * 4: AVX2 and FMA, x86-64-v3).
  * Called once at import (and by tests, to run every variant); returns the
  * bits used. */
 static inline int cyf_formats_select(int features)
@@ -1125,6 +1296,17 @@ static inline int cyf_formats_select(int features)
     i8->qgemm = &cyf_i8_qgemm_generic;
     i4->qgemm = &cyf_i4_qgemm_generic;
     i4->kernels = "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA";
+    if (CYF_HAVE_AVX2_KERNELS && (features & 4)) {
+#if CYF_HAVE_AVX2_KERNELS
+        i8->gemv_block = cyf_i8q_gemv_block_avx2;
+        i8->kernels = "int8 activations in decode and prefill; decode [K, N]: AVX2 vpmaddubsw + vpmaddwd, "
+                      "the rest generic integer loops";
+        i4->gemv_block = cyf_i4q_gemv_block_avx2;
+        i4->kernels = "[K, N]: int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd in decode, "
+                      "generic integer loops in prefill; [N, K]: widened to float32, FMA";
+#endif
+        return bf16 | 4;
+    }
     return bf16;
 }
 

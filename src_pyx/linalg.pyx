@@ -555,16 +555,22 @@ _check_format_table()
 
 
 # cyformer._runtime.cpu_features() names -> the bits cyf_formats_select reads
-_FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2}
+_FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2, "avx2": 4}
+
+
+def _cpu_features():
+    # cpu_features() names what lies beyond the x86-64 level; the kernels
+    # compiled for AVX2 by function run in every build, so the level counts too
+    from cyformer import _runtime
+    return dict(_runtime.cpu_features(), avx2=_runtime.x86_level() >= 3)
 
 
 def select_format_kernels(features=None):
     """Point each format's row at the kernels for ``features`` ({name: bool},
-    as cyformer._runtime.cpu_features(); None: this CPU's).  Done once at
-    import; tests call it to run each variant the CPU has.  Returns the
-    features used."""
-    from cyformer import _runtime
-    have = _runtime.cpu_features()
+    as cyformer._runtime.cpu_features(), plus "avx2": x86-64-v3; None: this
+    CPU's).  Done once at import; tests call it to run each variant the CPU
+    has.  Returns the features used."""
+    have = _cpu_features()
     if features is None:
         features = have
     if not isinstance(features, dict):

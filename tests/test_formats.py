@@ -576,7 +576,11 @@ def test_the_format_table_drives_options_saving_and_info():
 def _int8_variants():
     from cyformer import _runtime
     from cyformer.kernels import LEVEL
-    out = [{"avx512_vnni": False}]
+    out = [{"avx512_vnni": False, "avx2": False}]
+    if _runtime.x86_level() < 3:
+        print("int8 AVX2 kernels not tested: this CPU has no AVX2")
+    else:
+        out.append({"avx512_vnni": False, "avx2": True})
     if not _runtime.cpu_features()["avx512_vnni"]:
         print("int8 AVX512-VNNI kernels not tested: this CPU has no avx512_vnni")
     elif not linalg.select_format_kernels({"avx512_vnni": True})["avx512_vnni"]:
@@ -585,6 +589,10 @@ def _int8_variants():
         out.append({"avx512_vnni": True})
     linalg.select_format_kernels()
     return out
+
+
+def _variant_id(v):
+    return "vnni" if v.get("avx512_vnni") else "avx2" if v.get("avx2") else "generic"
 
 
 @pytest.fixture
@@ -606,7 +614,7 @@ def test_q8_activation_rule():
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
-                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+                         ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (96, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_int8_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
@@ -625,7 +633,7 @@ def test_int8_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
-                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+                         ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_int4_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
@@ -643,7 +651,7 @@ def test_int4_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
-                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+                         ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (31, 9), (33, 17), (64, 64), (96, 70), (130, 129), (200, 33), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_int8_unembedding_is_the_q8_reference(rng, int8_variant, K, N, threads):
@@ -666,7 +674,7 @@ def test_int8_unembedding_is_the_q8_reference(rng, int8_variant, K, N, threads):
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
-                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+                         ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -691,7 +699,7 @@ def test_integer_gemm_rows_are_the_matvec_rows(rng, int8_variant, fmt, K, N, thr
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
-                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+                         ids=_variant_id)
 def test_int8_unembedding_non_finite_activations_give_nan(int8_variant):
     from cyformer.backends.numpy_ref import q8_matvec_t
     linalg.select_format_kernels(int8_variant)
@@ -714,7 +722,7 @@ def ragged_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
-                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+                         ids=_variant_id)
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
 @pytest.mark.parametrize("model", ["bundled", "ragged"])
 def test_batched_step_every_int8_variant(rng, ragged_checkpoint, int8_variant, dtype, model):
@@ -743,7 +751,7 @@ def test_batched_step_every_int8_variant(rng, ragged_checkpoint, int8_variant, d
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
-                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+                         ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (95, 70), (200, 129)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_integer_gemm_of_int8_unembedding(rng, int8_variant, K, N, threads):
@@ -764,7 +772,7 @@ def test_integer_gemm_of_int8_unembedding(rng, int8_variant, K, N, threads):
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
-                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+                         ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_integer_gemm_epilogue_and_non_finite_rows(rng, int8_variant, fmt):
     # bias, activation and accumulate as the matrix-vector path applies them;
@@ -787,7 +795,7 @@ def test_integer_gemm_epilogue_and_non_finite_rows(rng, int8_variant, fmt):
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
-                         ids=lambda v: "vnni" if v["avx512_vnni"] else "generic")
+                         ids=_variant_id)
 def test_int8_matvec_non_finite_activations_give_nan(int8_variant):
     linalg.select_format_kernels(int8_variant)
     W = quantize(np.ones((64, 40), np.float32), "int8")
