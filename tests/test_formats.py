@@ -851,15 +851,26 @@ def _bf16_error_bound(bf16_activations, K):
 
 
 def _bf16_special_inputs(rng, T, K):
-    """T rows of x: normal values, one row tiny (products near float32's
-    denormals), then rows with a bf16-denormal, a NaN and an infinity."""
+    """T (<= 3) rows of x: normal values; one tiny row (|x| about 2^-124, so
+    products and sums cross float32's least normal 2^-126 and are flushed,
+    every third input a bf16 denormal, read as zero); one with an infinity."""
     x = rng.standard_normal((T, K)).astype(np.float32)
     if T > 1:
-        x[1] *= np.float32(2.0 ** -100)  # products of 2^-100 x 2^-30: float32 denormals, flushed
+        x[1] *= np.float32(2.0 ** -124)
+        x[1, ::3] = np.float32(2.0 ** -130)
     if T > 2:
-        x[2, ::3] = np.float32(2.0 ** -130)  # denormal: a zero input to vdpbf16ps
-        x[2, K // 2] = np.nan if K > 1 else x[2, 0]
+        x[2, K // 2] = np.inf
     return x
+
+
+def _bf16_weights(rng, shape, transposed=False):
+    """bfloat16 weights, normal but for one input's row of bf16 denormals"""
+    w = rng.standard_normal(shape).astype(np.float32)
+    if transposed:
+        w[:, 0] *= np.float32(2.0 ** -130)
+    else:
+        w[0] *= np.float32(2.0 ** -130)
+    return quantize(w, "bfloat16", transposed=transposed)
 
 
 def test_bf16dp_reference_rules():
@@ -887,7 +898,7 @@ def test_bfloat16_matvec(rng, bf16_variant, K, N, threads):
     bitwise the reference at any thread count; either variant within
     bfloat16's rounding of the float64 product."""
     from cyformer.backends.numpy_ref import bf16dp_matvec
-    W = quantize(rng.standard_normal((K, N)).astype(np.float32), "bfloat16")
+    W = _bf16_weights(rng, (K, N))
     x = _bf16_special_inputs(rng, 3, K)
     got = linalg.linear_forward(x, W, threads=threads)
     if bf16_variant:
@@ -905,7 +916,7 @@ def test_bfloat16_matvec_transposed(rng, bf16_variant, K, N, threads):
     """x [T < 4, K] @ W.T, W [N, K] (the unembedding's dot_t; N = 1030 spans
     several work items), as test_bfloat16_matvec."""
     from cyformer.backends.numpy_ref import bf16dp_dot_t
-    W = quantize(rng.standard_normal((N, K)).astype(np.float32), "bfloat16", transposed=True)
+    W = _bf16_weights(rng, (N, K), transposed=True)
     x = _bf16_special_inputs(rng, 3, K)
     got = linalg.linear_forward(x, W, w_transposed=True, threads=threads)
     if bf16_variant:
@@ -914,6 +925,15 @@ def test_bfloat16_matvec_transposed(rng, bf16_variant, K, N, threads):
     ref = W.dequantize().astype(np.float64) @ x[0]
     scale = np.abs(W.dequantize()).astype(np.float64) @ np.abs(x[0])
     assert (np.abs(got[0] - ref) <= _bf16_error_bound(bf16_variant, K) * scale + 1e-6).all()
+
+
+@pytest.mark.parametrize("bf16_variant", BF16_VARIANTS, indirect=True, ids=_bf16_ids)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_bfloat16_matvec_nan_input_gives_nan(bf16_variant, transposed):
+    W = quantize(np.ones((40, 70), np.float32), "bfloat16", transposed=transposed)
+    x = np.ones((1, 70 if transposed else 40), np.float32)
+    x[0, 33] = np.nan
+    assert np.isnan(linalg.linear_forward(x, W, w_transposed=transposed)).all()
 
 
 @pytest.mark.parametrize("bf16_variant", BF16_VARIANTS, indirect=True, ids=_bf16_ids)
