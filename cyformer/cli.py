@@ -130,7 +130,8 @@ def build_parser():
     q.add_argument("src", metavar="SRC", help="model directory, GGUF file or Hub name")
     q.add_argument("dst", metavar="DST", help="directory to write (created; must not be SRC), or a "
                                               "file ending in .gguf to write llama.cpp's format")
-    q.add_argument("--dtype", choices=formats.PACKED + GGUF_TYPES, required=True,
+    q.add_argument("--dtype", choices=formats.PACKED + tuple(t for t in GGUF_TYPES if t not in formats.PACKED),
+                   required=True,
                    help=f"the format to convert to: {', '.join(formats.PACKED)} for a directory; "
                         "q8_0, q4_0, f16, f32 for a .gguf file")
 
@@ -438,7 +439,7 @@ def cmd_info(args):
           f"d_mlp {cfg.d_mlp}, vocab {cfg.vocab_size}, context {cfg.n_positions}, {cfg.activation_function}")
     print(f"tokenizer   {'yes' if info['tokenizer'] else 'none (token ids only)'}")
     for kind, t in (info.get("gguf_tensors") or {}).items():  # GGUF: the file's type and what runs
-        print(f"gguf        {kind:<18} {t['file']} -> {t['runs']}")
+        print(f"gguf        {kind:<18} {t['file']} -> {t['runs']} ({t['how']})")
     per = info["kv_bytes_per_position"]
     print(f"kv cache    {per / 1024:.1f} KB per position; serve's prefix cache {DEFAULT_MB} MB "
           f"(--prefix-cache-mb) holds {DEFAULT_MB * 2**20 // per:,} positions, its KV budget "
@@ -515,10 +516,10 @@ def cmd_inspect(args):
 def cmd_quantize(args):
     import cyformer
 
-    if args.dst.endswith(".gguf") or args.dtype in GGUF_TYPES:
+    if args.dst.endswith(".gguf") or args.dtype not in formats.PACKED:
         if not args.dst.endswith(".gguf") or args.dtype not in GGUF_TYPES:
             raise ValueError(f"a .gguf file takes --dtype {', '.join(GGUF_TYPES)}; a directory "
-                             "bfloat16, int8 or int4")
+                             f"{', '.join(formats.PACKED)}")
         out = cyformer.load(args.src, threads=1).save(args.dst, format="gguf", dtype=args.dtype)
         print(f"wrote {out} (GGUF, matrices {args.dtype.upper()}, {os.path.getsize(out) / 1e6:.1f} MB)")
         return 0

@@ -1,4 +1,4 @@
-"""Weights in fewer bytes: bfloat16, int8 and int4 matrices, one table row each.
+"""Weights in fewer bytes: bfloat16, int8, int4 and q8_0 matrices, one table row each.
 
 Decode reads every weight once per token, so at a fixed memory bandwidth the
 bytes per weight set the speed.  A ``Packed`` matrix holds one weight matrix
@@ -19,11 +19,18 @@ An int4 model keeps the [V, C] embedding and unembedding in int8
 (``matrix_format``): they carry most of int4's error, and llama.cpp's 4-bit
 types likewise keep the output matrix at a higher precision.
 
+q8_0 is GGUF's Q8_0 exactly: per output, blocks of 32 inputs, each a
+34-byte record of an fp16 scale d and 32 int8 codes (w = d * q), so a GGUF
+file's Q8_0 tensors run from the file's own bytes, memory-mapped.
+
 Orientation: block matrices are stored [K, N] (inputs, outputs) like the
 float32 kernel layout; the embedding / unembedding [V, C] is stored as is,
 a row per token (``transposed``): its rows are what the embedding looks up
 and what the unembedding's outputs read.  Groups and pairs always run along
-the input dimension.
+the input dimension.  A format with ``rows_out`` (q8_0) stores its data a
+row per output whatever the matrix (GGUF's layout); ``Packed.shape`` and
+``transposed`` still describe the float matrix, so callers never see the
+difference, and the kernels read it as [N, K].
 """
 
 from dataclasses import dataclass
@@ -40,9 +47,11 @@ class Packed:
 
     shape: the float matrix's shape, [K, N], or [N, K] when ``transposed``
     (a row per output).  data: uint16 (bfloat16), int8, or uint8 holding two
-    int4 weights a byte, paired along the input dimension.  scale: float32
-    [N] (int8) or per output and group ([K/32, N], or [N, K/32] when
-    transposed) for int4; None for bfloat16.
+    int4 weights a byte, paired along the input dimension; q8_0: uint8
+    [N, K/32 * 34], a row of 34-byte block records per output whatever the
+    orientation.  scale: float32 [N] (int8) or per output and group
+    ([K/32, N], or [N, K/32] when transposed) for int4; None for bfloat16
+    and q8_0 (its scales are inside the records).
     """
 
     fmt: str
@@ -112,6 +121,18 @@ def _int4_layout(K, N, transposed):
     return ((N, pairs), (N, groups)) if transposed else ((pairs, N), (groups, N))
 
 
+Q8_0_BLOCK = 32        # inputs per Q8_0 record
+Q8_0_RECORD = 34       # bytes per record: fp16 d, then 32 int8 codes
+
+
+def _q8_0_layout(K, N, transposed):
+    # a row of records per output in either orientation (rows_out)
+    if K % Q8_0_BLOCK:
+        raise ValueError(f"q8_0: a matrix's inputs must be whole blocks of {Q8_0_BLOCK} (GGUF's Q8_0), "
+                         f"got {K} inputs")
+    return (N, K // Q8_0_BLOCK * Q8_0_RECORD), None
+
+
 def empty(fmt, shape, transposed=False):
     """A writable Packed to convert a [rows, cols] matrix into."""
     data_shape, data_dtype, scale_shape = packed_layout(fmt, shape, transposed)
@@ -124,7 +145,7 @@ def row_steps(p):
     each, whole groups of 32 when rows are inputs of an int4 matrix."""
     rows, cols = p.shape
     step = max(1, STEP // max(cols, 1))
-    if not p.transposed:  # rows are inputs: whole blocks of the format's scales
+    if not p.transposed:  # rows are inputs: whole blocks of the format's scales (or records)
         block = TABLE[p.fmt].block
         step = -(-step // block) * block
     return [(r, min(r + step, rows)) for r in range(0, rows, step)]
@@ -214,6 +235,51 @@ def _int4_step(p, x, first):
         g0 = first // GROUP
         p.scale[g0:g0 + ng] = scale
         p.data[first // 2:first // 2 + -(-r // 2)] = _nibble_pairs(q[:r + r % 2], axis=0)
+
+
+def _q8_0_step(p, x, first):
+    r = x.shape[0]
+    if p.transposed:  # rows are outputs: whole rows of records
+        p.data[first:first + r] = q8_0_records(x)
+    else:  # rows are inputs first .. first + r (whole blocks): those records of every output
+        c0 = first // Q8_0_BLOCK * Q8_0_RECORD
+        p.data[:, c0:c0 + r // Q8_0_BLOCK * Q8_0_RECORD] = q8_0_records(np.ascontiguousarray(x.T))
+
+
+def q8_0_records(x):
+    """float32 [n, K] (K a multiple of 32) -> uint8 [n, K/32 * 34] Q8_0
+    records, ggml's quantize_row_q8_0_ref bit for bit: d = max|w| / 127 and
+    q = roundf(w * (1 / d)) (halves away from zero) in float32, d stored as
+    fp16 (to nearest even); an all-zero block gets d = 0 and q = 0."""
+    x = np.asarray(x, dtype=np.float32)
+    n, K = x.shape
+    b = x.reshape(n, K // Q8_0_BLOCK, Q8_0_BLOCK)
+    d = np.abs(b).max(axis=2, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        v = b * inv
+        a = np.abs(v)
+        fl = np.floor(a)
+        q = np.sign(v) * (fl + np.floor(2 * (a - fl)))          # roundf, as gguf.quants' np_roundf
+        q = np.where(np.isfinite(q), q, 0).astype(np.int8)
+    out = np.empty((n, K // Q8_0_BLOCK, Q8_0_RECORD), dtype=np.uint8)
+    out[:, :, :2] = d.astype(np.float16).view(np.uint8)
+    out[:, :, 2:] = q.view(np.uint8)
+    return out.reshape(n, -1)
+
+
+def q8_0_split(data):
+    """uint8 records [n, K/32 * 34] -> (codes int8 [n, K/32, 32], d float32 [n, K/32]) (views where possible)."""
+    rec = np.asarray(data).reshape(data.shape[0], -1, Q8_0_RECORD)
+    d = np.ascontiguousarray(rec[:, :, :2]).view(np.float16)[:, :, 0].astype(np.float32)
+    return rec[:, :, 2:].view(np.int8), d
+
+
+def q8_0_finite(data):
+    """True when every record's fp16 scale in data (uint8 [n, K/32 * 34]) is
+    finite: its exponent bits (0x7C of the high byte) not all ones."""
+    hi = np.asarray(data).reshape(data.shape[0], -1, Q8_0_RECORD)[:, :, 1]
+    return not ((hi & 0x7C) == 0x7C).any()
 
 
 def _bfloat16(x):
@@ -314,6 +380,12 @@ def _int4_dequantize(p):
     return q[:K] * np.repeat(scale, GROUP, axis=0)[:K]
 
 
+def _q8_0_dequantize(p):
+    q, d = q8_0_split(p.data)                                          # [N, K/32, 32], [N, K/32]
+    w = (q.astype(np.float32) * d[:, :, None]).reshape(p.data.shape[0], -1)  # [N, K]
+    return w.T                                                         # [K, N]
+
+
 def _frozen(p):
     p.data.flags.writeable = False
     if p.scale is not None:
@@ -332,7 +404,8 @@ class Format:
     -> (data shape, scale shape or None); column_scales(p, rows, steps):
     a pass over every row first when scales span them (int8 [K, N]);
     convert_step / dequantize: see convert and dequantize.  float32 has no
-    converter: its matrices stay plain arrays.
+    converter: its matrices stay plain arrays.  rows_out: the data is a row
+    per output whatever the matrix's orientation (the kernels read [N, K]).
     """
 
     name: str
@@ -346,6 +419,7 @@ class Format:
     column_scales: Optional[Callable] = None
     convert_step: Optional[Callable] = None
     dequantize: Optional[Callable] = None
+    rows_out: bool = False
 
 
 TABLE = {f.name: f for f in (
@@ -357,6 +431,10 @@ TABLE = {f.name: f for f in (
     Format("int4", 3, np.uint8, "U8", 0.5, GROUP,
            f"float32 per output and group of {GROUP} inputs: w = q * scale, q in [-8, 7], two a byte "
            "(nibble = q + 8)", _int4_layout, None, _int4_step, _int4_dequantize),
+    Format("q8_0", 4, np.uint8, "U8", Q8_0_RECORD / Q8_0_BLOCK, Q8_0_BLOCK,
+           f"fp16 per output and block of {Q8_0_BLOCK} inputs, inside {Q8_0_RECORD}-byte records (GGUF's Q8_0: "
+           "d, then 32 int8 codes; w = d * q), a row of records per output",
+           _q8_0_layout, None, _q8_0_step, _q8_0_dequantize, rows_out=True),
 )}
 FORMATS = tuple(TABLE)                                                  # names, float32 first
 PACKED = tuple(name for name, f in TABLE.items() if f.convert_step is not None)

@@ -1220,6 +1220,294 @@ static void cyf_bf16dp_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int
 #define CYF_HAVE_BF16DP_KERNELS 0
 #endif
 
+/* ---- q8_0: GGUF's Q8_0 records, a row per output --------------------------
+ * Each output's row is K/32 records of 34 bytes: an fp16 scale d_w, then 32
+ * int8 codes (w = d_w * q).  The matrix is always read [N, K] (the Python
+ * record's rows_out), so only dot_t, dot_t_rows and pack_t exist.  x is
+ * quantized per block as for int8 (cyf_q8_block), and each output is
+ * llama.cpp's vec_dot_q8_0_q8_0 in a fixed order that vectorises over the
+ * blocks of one row (a row is one contiguous run, which the hardware
+ * prefetcher streams): block b's term isum_b * float32(d_w,b * d_x,b),
+ * isum_b the exact int32 sum of its 32 code products, is added with one
+ * rounding (fmaf) into lane b % 16 of 16 partial sums, blocks in order,
+ * and the lanes are added as halves (16 -> 8 -> 4 -> 2 -> 1, lane i with
+ * lane i + half).  backends/numpy_ref's q8_0_matvec is the reference, bit
+ * for bit. */
+#define CYF_Q80_REC 34
+#define CYF_Q80_LANES 16
+
+/* fp16 bits -> float32, exactly (subnormals and specials included), at any
+ * kernel level (x86-64-v2 has no F16C). */
+static inline float cyf_half(const unsigned char *p)
+{
+    const unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8;
+    const unsigned sign = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 1023;
+    unsigned u;
+    float f;
+    if (e == 31)
+        u = sign | 0x7F800000u | (m << 13);
+    else if (e)
+        u = sign | ((e + 112) << 23) | (m << 13);
+    else {  /* zero or subnormal: m * 2^-24, exact */
+        f = (float)m * 0x1p-24f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The lanes' sum as halves: the one order both kernels use. */
+static inline float cyf_q80_lanes_sum(float *s)
+{
+    for (int h = CYF_Q80_LANES / 2; h >= 1; h /= 2)
+        for (int i = 0; i < h; i++)
+            s[i] = s[i] + s[i + h];
+    return s[0];
+}
+
+/* One output: x's codes q and scales dx (nblk blocks) against row `row`. */
+static inline float cyf_q80_row_dot(const signed char *q, const float *dx, const unsigned char *row, ptrdiff_t nblk)
+{
+    float s[CYF_Q80_LANES] = {0.0f};
+    const ptrdiff_t npad = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES * CYF_Q80_LANES;
+    for (ptrdiff_t b = 0; b < npad; b++) {
+        float t = 0.0f;
+        int isum = 0;
+        if (b < nblk) {  /* past the last block: 0 * 0 added, as the vector kernel's padded lanes */
+            const unsigned char *rec = row + b * CYF_Q80_REC;
+            const signed char *w = (const signed char *)rec + 2, *qb = q + b * CYF_QB;
+            for (int i = 0; i < CYF_QB; i++)
+                isum += qb[i] * w[i];
+            t = cyf_half(rec) * dx[b];
+        }
+        s[b % CYF_Q80_LANES] = __builtin_fmaf(t, (float)isum, s[b % CYF_Q80_LANES]);
+    }
+    return cyf_q80_lanes_sum(s);
+}
+
+static void cyf_q80_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nblk = K / CYF_QB;
+    if (nblk == 0) {
+        for (ptrdiff_t j = 0; j < nw; j++)
+            acc[j] = 0.0f;
+        return;
+    }
+    signed char q[nblk * CYF_QB];
+    float d[nblk];
+    cyf_q8_row(x, K, q, d, NULL);
+    for (ptrdiff_t j = 0; j < nw; j++)
+        acc[j] = cyf_q80_row_dot(q, d, (const unsigned char *)W->data + (a + j) * W->ld, nblk);
+}
+
+/* dot_t for nr rows of x: x quantized once per row, then each row of W
+ * read once for up to 8 rows of x at a time (the batched step; 8 rows of
+ * codes stay small on a thread's stack). */
+static void cyf_q80_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                               ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nblk = K / CYF_QB;
+    if (nblk == 0 || nr <= 0) {
+        for (ptrdiff_t j = 0; j < nw * (nr > 0 ? nr : 0); j++)
+            acc[j] = 0.0f;
+        return;
+    }
+    signed char q[8 * nblk * CYF_QB];
+    float d[8 * nblk];
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const int m = nr - r0 < 8 ? nr - r0 : 8;
+        for (int r = 0; r < m; r++)
+            cyf_q8_row(x + (r0 + r) * ldx, K, q + r * nblk * CYF_QB, d + r * nblk, NULL);
+        for (ptrdiff_t j = 0; j < nw; j++) {
+            const unsigned char *row = (const unsigned char *)W->data + (a + j) * W->ld;
+            for (int r = 0; r < m; r++)
+                acc[(r0 + r) * nw + j] = cyf_q80_row_dot(q + r * nblk * CYF_QB, d + r * nblk, row, nblk);
+        }
+    }
+}
+
+static void cyf_q80_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
+                           ptrdiff_t K)
+{
+    (void)K;
+    const unsigned char *row = (const unsigned char *)W->data + n * W->ld;
+    ptrdiff_t k = 0;
+    while (k < kn) {  /* a record's run at a time: its scale widened once */
+        const ptrdiff_t b = (k0 + k) / CYF_QB, i0 = (k0 + k) % CYF_QB;
+        const ptrdiff_t e = kn - k < CYF_QB - i0 ? kn - k : CYF_QB - i0;
+        const unsigned char *rec = row + b * CYF_Q80_REC;
+        const signed char *qs = (const signed char *)rec + 2 + i0;
+        const float d = cyf_half(rec);
+        for (ptrdiff_t i = 0; i < e; i++)
+            dst[(k + i) * ldd] = (float)qs[i] * d;
+        k += e;
+    }
+}
+
+#if CYF_HAVE_VNNI_KERNELS
+/* One row at a time, 16 blocks per step: blocks i and i + 4 (i < 4), i + 4
+ * and i + 8 (i >= 4) share a 512-bit register (w + 128, the sign bit
+ * flipped, as for int8) against x's codes of the same two blocks; vpdpbusd
+ * leaves 8 lanes per block, which two unpack-add rounds and one lane
+ * shuffle reduce so that lane k holds block k's isum (+ 128 * the codes'
+ * sum, taken off).  The scales come in by one gather per 16 blocks; the
+ * float steps are the generic loop's, lane for lane. */
+static const int cyf_q80_lo_blk[8] = {0, 1, 2, 3, 8, 9, 10, 11};  /* each with block + 4 */
+
+/* x[0:K] -> its codes paired as the weights are (xv: nch * 8 vectors), the
+ * scales d[npad] and 128 * the codes' sums bsum[npad] (0 past nblk) */
+__attribute__((target("avx512vnni")))
+static inline void cyf_q80_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdiff_t nch, signed char *q, float *d,
+                             int *sum4, int *bsum, __m512i *xv)
+{
+    const ptrdiff_t npad = nch * CYF_Q80_LANES;
+    memset(q, 0, (size_t)(npad * CYF_QB));
+    cyf_q8_row(x, K, q, d, sum4);
+    for (ptrdiff_t b = 0; b < npad; b++) {
+        bsum[b] = 0;
+        if (b >= nblk) {
+            d[b] = 0.0f;
+            continue;
+        }
+        for (int l = 0; l < CYF_QB / 4; l++)
+            bsum[b] += sum4[b * (CYF_QB / 4) + l];
+    }
+    for (ptrdiff_t c = 0; c < nch; c++)
+        for (int i = 0; i < 8; i++) {
+            const signed char *ql = q + (c * CYF_Q80_LANES + cyf_q80_lo_blk[i]) * CYF_QB;
+            xv[c * 8 + i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)ql)),
+                                               _mm256_loadu_si256((const __m256i *)(ql + 4 * CYF_QB)), 1);
+        }
+}
+
+/* The 16 blocks' codes of chunk rc (nb of them present), sign bits flipped. */
+__attribute__((target("avx512vnni")))
+static inline void cyf_q80_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int i = 0; i < 8; i++) {
+        const int bl = cyf_q80_lo_blk[i], bh = bl + 4;
+        const __m256i wl = bl < nb ? _mm256_loadu_si256((const __m256i *)(rc + bl * CYF_Q80_REC + 2))
+                                   : _mm256_setzero_si256();
+        const __m256i wh = bh < nb ? _mm256_loadu_si256((const __m256i *)(rc + bh * CYF_Q80_REC + 2))
+                                   : _mm256_setzero_si256();
+        wv[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(wl), wh, 1), flip);
+    }
+}
+
+/* s += (d_w * d_x) * isum per lane for one chunk: wv the weights, xv x's codes */
+__attribute__((target("avx512vnni")))
+static inline __m512 cyf_q80_chunk(__m512 s, const __m512i *wv, const __m512i *xv, const int *bsum, __m512 dw,
+                                   const float *dx)
+{
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i v[8], u[4];
+    for (int i = 0; i < 8; i++)
+        v[i] = _mm512_dpbusd_epi32(zero, wv[i], xv[i]);
+    /* per 128-bit lane: (p0+p2, q0+q2, p1+p3, q1+q3), then 4 sums of 4 */
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    const __m512i w0 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
+    const __m512i w1 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2], u[3]), _mm512_unpackhi_epi64(u[2], u[3]));
+    /* lane L of w0: v0..v3's sums over their lane L (blocks i in L0 + L1, i + 4 in L2 + L3) */
+    const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_shuffle_i32x4(w0, w1, 0x88),
+                                                           _mm512_shuffle_i32x4(w0, w1, 0xDD)),
+                                          _mm512_loadu_si512(bsum));
+    return _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_loadu_ps(dx)), _mm512_cvtepi32_ps(isum), s);
+}
+
+/* The scales of chunk rc's nb blocks (0 past them). */
+__attribute__((target("avx512vnni")))
+static inline __m512 cyf_q80_dw(const unsigned char *rc, ptrdiff_t nb)
+{
+    const __m512i gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(CYF_Q80_REC));
+    const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << nb) - 1u), gidx,
+                                                   (const void *)rc, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+}
+
+/* the lanes' sum as halves, in registers (cyf_q80_lanes_sum's order) */
+__attribute__((target("avx512vnni")))
+static inline float cyf_q80_sum16(__m512 s)
+{
+    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_q80_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nblk = K / CYF_QB, ld = W->ld;
+    const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
+    if (nblk == 0) {
+        cyf_q80_dot_t_generic(acc, x, W, a, nw, K);
+        return;
+    }
+    signed char q[npad * CYF_QB];
+    float d[npad];
+    int sum4[npad * (CYF_QB / 4)], bsum[npad];
+    __m512i xv[nch * 8], wv[8];
+    cyf_q80_x(x, K, nblk, nch, q, d, sum4, bsum, xv);
+    for (ptrdiff_t j = 0; j < nw; j++) {
+        const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
+        __m512 s = _mm512_setzero_ps();
+        for (ptrdiff_t c = 0; c < nch; c++) {
+            const unsigned char *rc = row + c * CYF_Q80_LANES * CYF_Q80_REC;
+            const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES : CYF_Q80_LANES;
+            cyf_q80_w(wv, rc, nb);
+            s = cyf_q80_chunk(s, wv, xv + c * 8, bsum + c * CYF_Q80_LANES, cyf_q80_dw(rc, nb),
+                              d + c * CYF_Q80_LANES);
+        }
+        acc[j] = cyf_q80_sum16(s);
+    }
+}
+
+/* dot_t_vnni for nr rows of x, 4 at a time: each chunk of a row of W is
+ * loaded once into registers for all 4; every row's arithmetic is the
+ * one-row kernel's, so are its bits. */
+__attribute__((target("avx512vnni")))
+static void cyf_q80_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                                    ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nblk = K / CYF_QB, ld = W->ld;
+    const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
+    if (nblk == 0 || nr <= 0) {
+        cyf_q80_dot_t_rows(acc, x, ldx, nr, W, a, nw, K);
+        return;
+    }
+    signed char q[npad * CYF_QB];
+    float d[4 * npad];
+    int sum4[npad * (CYF_QB / 4)], bsum[4 * npad];
+    __m512i xv[4 * nch * 8], wv[8];
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int m = nr - r0 < 4 ? nr - r0 : 4;
+        for (int r = 0; r < m; r++)
+            cyf_q80_x(x + (r0 + r) * ldx, K, nblk, nch, q, d + r * npad, sum4, bsum + r * npad, xv + r * nch * 8);
+        for (ptrdiff_t j = 0; j < nw; j++) {
+            const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
+            __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (ptrdiff_t c = 0; c < nch; c++) {
+                const unsigned char *rc = row + c * CYF_Q80_LANES * CYF_Q80_REC;
+                const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES
+                                                                              : CYF_Q80_LANES;
+                cyf_q80_w(wv, rc, nb);
+                const __m512 dw = cyf_q80_dw(rc, nb);
+                for (int r = 0; r < m; r++)
+                    s[r] = cyf_q80_chunk(s[r], wv, xv + (r * nch + c) * 8, bsum + r * npad + c * CYF_Q80_LANES, dw,
+                                         d + r * npad + c * CYF_Q80_LANES);
+            }
+            for (int r = 0; r < m; r++)
+                acc[(r0 + r) * nw + j] = cyf_q80_sum16(s[r]);
+        }
+    }
+}
+#endif
+
 #include "qgemm.h"
 
 /* ---- the table, indexed by cyformer/formats.py's Format.code ------------- */
@@ -1231,6 +1519,9 @@ static cyf_format cyf_formats[] = {
      cyf_i8q_dot_t_generic, NULL, cyf_i8_pack_run, cyf_i8_pack_t},
     {"int4", "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA", 0, 0,
      cyf_i4q_gemv_block_generic, NULL, cyf_i4_dot_t, NULL, cyf_i4_pack_run, cyf_i4_pack_t},
+    /* always [N, K] (rows_out): no [K, N] kernels */
+    {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t_generic,
+     cyf_q80_dot_t_rows, NULL, cyf_q80_pack_t},
 };
 #define CYF_NFORMATS ((int)(sizeof cyf_formats / sizeof cyf_formats[0]))
 
@@ -1262,6 +1553,24 @@ static inline int cyf_formats_select_bf16(int features)
     return 0;
 }
 
+/* q8_0's row: its VNNI kernels where the CPU has them. */
+static inline void cyf_q80_select(int vnni)
+{
+    cyf_format *q80 = &cyf_formats[4];
+#if CYF_HAVE_VNNI_KERNELS
+    if (vnni) {
+        q80->dot_t = cyf_q80_dot_t_vnni;
+        q80->dot_t_rows = cyf_q80_dot_t_rows_vnni;
+        q80->kernels = "[N, K]: int8 activations, AVX512-VNNI vpdpbusd";
+        return;
+    }
+#endif
+    (void)vnni;
+    q80->dot_t = cyf_q80_dot_t_generic;
+    q80->dot_t_rows = cyf_q80_dot_t_rows;
+    q80->kernels = "[N, K]: int8 activations, generic integer loops";
+}
+
 /* Point each row at the best kernels this CPU runs: features as
  * cyformer._runtime.cpu_features()'s bits (1: AVX512-VNNI, 2: AVX512-BF16,
  * 4: AVX2 and FMA, x86-64-v3).
@@ -1271,6 +1580,7 @@ static inline int cyf_formats_select(int features)
 {
     cyf_format *i8 = &cyf_formats[2], *i4 = &cyf_formats[3];
     const int bf16 = cyf_formats_select_bf16(features);
+    cyf_q80_select(CYF_HAVE_VNNI_KERNELS && (features & 1));
     if (CYF_HAVE_VNNI_KERNELS && (features & 1)) {
 #if CYF_HAVE_VNNI_KERNELS
         i8->gemv_block = cyf_i8q_gemv_block_vnni;

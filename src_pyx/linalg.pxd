@@ -150,9 +150,8 @@ cdef inline Team team_of(int tid, int size, Py_ssize_t* counter) noexcept nogil:
 # One row's matrix-vector product through the epilogue: x [K] @ W [K, N]
 # (W [N, K] with w_t), shared by the team of the enclosing parallel region:
 # every thread calls it with the same arguments, its own tid and acc
-# (GEMV_COLS floats).  team.counter is shared and 0 on entry; without w_t it
-# is 0 again on return, so the next product may use it, and the call
-# contains a barrier.  Pass another barrier before reading out or reusing
+# (GEMV_COLS floats).  team.counter is shared and 0 on entry and 0 again on
+# return, so the next product may use it, and the call contains a barrier.  Pass another barrier before reading out or reusing
 # partials.  Every output is the same sum whatever the team size, and the
 # same as linear() gives for fewer than MATVEC_ROWS rows.
 cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N,

@@ -328,6 +328,11 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
                         gemv_cols(out + r * ldo, x + r * ldx, W, b, K, N, c0, e, act, accumulate, acc)
                     c0 = e
             blk = cyf_next_item(counter)
+        # as below: the counter is 0 again for the next product (a block
+        # matrix stored [N, K], q8_0's, shares the counter of [K, N] ones)
+        cyf_barrier()
+        if team.tid == 0:
+            counter[0] = 0
         return
     nb = (K + GEMV_ROWS - 1) // GEMV_ROWS
     ntail = GEMV_TAIL_BLOCKS if nb > GEMV_TAIL_BLOCKS else nb
@@ -624,7 +629,9 @@ cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, 
         raise ValueError(f"{fn}: {name}'s {f.name} data must be a C-contiguous {np.dtype(f.storage).name} "
                          f"array of shape {nd}")
     keep.append(data)
-    w.data, w.f, w.t, w.ld, w.scale = cnp.PyArray_DATA(<cnp.ndarray>data), cyf_format_at(f.code), w_transposed, nd[1], NULL
+    # a rows_out format (q8_0) holds a row per output whatever the matrix: read [N, K]
+    w.data, w.f, w.t, w.ld, w.scale = (cnp.PyArray_DATA(<cnp.ndarray>data), cyf_format_at(f.code),
+                                       w_transposed or f.rows_out, nd[1], NULL)
     if sshape is not None:
         sc = f32(fn, f"{name}.scale", W.scale, len(sshape))
         _checks.shape(fn, f"{name}.scale", sc, sshape)

@@ -1,4 +1,4 @@
-"""Weights in fewer bytes (cyformer.formats): bfloat16, int8, int4.
+"""Weights in fewer bytes (cyformer.formats): bfloat16, int8, int4, q8_0.
 
 Kernels against NumPy on the dequantized weights (float32 arithmetic, so 1e-4
 relative), or, where decode multiplies int8 or bfloat16 activations, against
@@ -19,7 +19,7 @@ import cyformer
 from cyformer.formats import FORMATS, Packed, dequantize, quantize
 from cyformer.kernels import linalg, mlp
 
-PACKED = ("bfloat16", "int8", "int4")
+PACKED = ("bfloat16", "int8", "int4")  # q8_0 needs inputs in whole blocks of 32: its own tests below
 
 
 @pytest.mark.parametrize("fmt", PACKED)
@@ -365,8 +365,9 @@ def perplexity_and_top1(model, ids):
 # in int8 and its group scales searched, +0.97 %, 92.41 %).  int8 and int4
 # prefill multiplies int8 activations as decode does (float activations had
 # int8 +0.15 %, 98.80 %, int4 +0.99 %, 92.38 %): int8's agreement bound is
-# the issue's 98 %.
-BOUNDS = {"bfloat16": (0.003, 0.995), "int8": (0.003, 0.98), "int4": (0.015, 0.915)}
+# the issue's 98 %.  q8_0's prefill widens its records to float32: +0.04 %,
+# 99.09 %, int8's old bounds.
+BOUNDS = {"bfloat16": (0.003, 0.995), "int8": (0.003, 0.98), "int4": (0.015, 0.915), "q8_0": (0.003, 0.985)}
 
 
 @pytest.fixture(scope="module")
@@ -376,7 +377,7 @@ def float32_reference():
     return ids, perplexity_and_top1(m, ids)
 
 
-@pytest.mark.parametrize("fmt", PACKED)
+@pytest.mark.parametrize("fmt", sorted(BOUNDS))
 def test_accuracy_on_held_out_code(float32_reference, fmt):
     ids, (ppl32, top32) = float32_reference
     model = cyformer.load(threads=2, dtype=fmt)
@@ -413,8 +414,11 @@ def decode_perplexity_and_top1(model, ids):
 # 98.44 %), int4 +0.97 %, 92.41 % (+0.99 %, 92.38 %; +0.98 %, 92.38 %);
 # int8's agreement bound is the issue's 98 %, the rest as in BOUNDS.
 # bfloat16 with AVX512-BF16 takes bf16 activations: +0.025 %, 99.87 % (float
-# activations, the widening kernels: -0.003 %, 99.80 %).
-DECODE_BOUNDS = {"bfloat16": (0.003, 0.995), "int8": (0.003, 0.98), "int4": (0.015, 0.915)}
+# activations, the widening kernels: -0.003 %, 99.80 %).  q8_0 (int8
+# activations against its records in every matrix): +0.18 %, 98.24 %, its
+# agreement bound the issue's 98 %.
+DECODE_BOUNDS = {"bfloat16": (0.003, 0.995), "int8": (0.003, 0.98), "int4": (0.015, 0.915),
+                 "q8_0": (0.003, 0.98)}
 
 
 @pytest.mark.parametrize("fmt", sorted(DECODE_BOUNDS))
@@ -427,7 +431,7 @@ def test_decode_accuracy_on_held_out_code(float32_reference, fmt):
     assert (top == top32).mean() >= min_agree
 
 
-@pytest.mark.parametrize("fmt", PACKED)
+@pytest.mark.parametrize("fmt", PACKED + ("q8_0",))
 def test_decode_bitwise_at_any_thread_count_and_equal_to_per_op(fmt):
     outs = []
     for threads in (1, 2, 3):
@@ -459,10 +463,10 @@ def test_llama_family_in_every_format(tmp_path, rng):
     ids = rng.integers(0, 120, size=20)
     ref = cyformer.load(tmp_path).forward(ids)
     errs = {}
-    for fmt in PACKED:
+    for fmt in PACKED + ("q8_0",):
         m = cyformer.load(tmp_path, dtype=fmt)
         got = m.forward(ids)
-        if fmt == "bfloat16":  # the same model on its dequantized weights, in float32: what the format computes
+        if fmt in ("bfloat16", "q8_0"):  # prefill on the dequantized weights, in float32: what the format computes
             exact = cyformer.Model(m.config, m.float_weights).forward(ids)
         else:  # int8 activations in prefill and decode alike: the logits of one-token steps
             be, kv = m.backend, m.backend.new_cache(len(ids))
@@ -471,7 +475,7 @@ def test_llama_family_in_every_format(tmp_path, rng):
         errs[fmt] = float(np.abs(got - ref).max())
         g = m.generate(ids[:4].tolist(), max_new_tokens=6)
         assert len(g) == 6
-    assert errs["bfloat16"] < errs["int8"] < errs["int4"]
+    assert errs["bfloat16"] < errs["int8"] < errs["int4"] and errs["q8_0"] < errs["int4"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -525,6 +529,19 @@ def test_bad_saved_files_are_refused(tmp_path, edit, match):
     out = cyformer.load(dtype="int4").save(tmp_path / "m")
     _edit_saved(out, edit)
     with pytest.raises(cyformer.ModelLoadError, match=match):
+        cyformer.load(out)
+
+
+def test_q8_0_saved_with_a_non_finite_scale_is_refused(tmp_path):
+    out = cyformer.load(dtype="q8_0").save(tmp_path / "m")
+    p = os.path.join(out, "model.safetensors")
+    with open(p, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        begin = json.loads(f.read(n))["blocks.1.mlp.c_fc.weight"]["data_offsets"][0]
+    with open(p, "r+b") as f:
+        f.seek(8 + n + begin + 34 * 3)
+        f.write(b"\x00\x7e")  # a NaN fp16 scale
+    with pytest.raises(cyformer.ModelLoadError, match="c_fc.weight.*NaN or Inf block scales"):
         cyformer.load(out)
 
 
@@ -723,13 +740,13 @@ def ragged_checkpoint(tmp_path_factory):
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
                          ids=_variant_id)
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
-@pytest.mark.parametrize("model", ["bundled", "ragged"])
+@pytest.mark.parametrize("dtype, model", [(d, m) for d in ("int8", "int4") for m in ("bundled", "ragged")]
+                         + [("q8_0", "bundled")])  # q8_0 needs whole blocks of 32 inputs
 def test_batched_step_every_int8_variant(rng, ragged_checkpoint, int8_variant, dtype, model):
     """The batched decode step (the [K, N] matrices' gemv_block_rows, the
-    unembedding's dot_t_rows) on every variant this CPU runs: each row
-    bitwise its sequence's own step.  6, 7 and 13 rows leave 2, 3 and 1
-    rows of x past the tiles of 4."""
+    unembedding's dot_t_rows; q8_0's dot_t_rows everywhere) on every variant
+    this CPU runs: each row bitwise its sequence's own step.  6, 7 and 13
+    rows leave 2, 3 and 1 rows of x past the tiles of 4."""
     linalg.select_format_kernels(int8_variant)
     be = cyformer.load(None if model == "bundled" else ragged_checkpoint, threads=2, dtype=dtype).backend
     V = be.config.vocab_size
@@ -957,3 +974,109 @@ def test_bfloat16_decode_same_at_every_thread_count_and_batched(bf16_variant):
                         threads=2)
     for n, kv in enumerate(caches):
         assert np.array_equal(got[n], be.run(tokens[n:n + 1], kv)[0])
+# -- q8_0: GGUF's Q8_0 records as a weight format ------------------------------
+
+def _q8_0_matrix(rng, K, N, transposed=False):
+    W = rng.standard_normal((N, K) if transposed else (K, N)).astype(np.float32)
+    (W.T if transposed else W)[:32, 0] = 0           # an all-zero block: d = 0
+    (W.T if transposed else W)[32:64, 0] *= 1e-6     # a block of very small weights
+    return W
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("K, N", [(32, 1), (64, 17), (96, 70), (768, 5)])
+def test_q8_0_records_are_ggml_s(rng, transposed, K, N):
+    """load(dtype="q8_0") converts as ggml's quantize_row_q8_0_ref does (the
+    gguf package's reference): the same records, bit for bit, a row per
+    output whatever the orientation, and a step of rows at a time."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package holds ggml's reference quantizer")
+    W = _q8_0_matrix(rng, K, N, transposed)
+    W[W.shape[0] // 2, 1 % W.shape[1]] = 0.5  # ties are rounded half away from zero
+    p = quantize(W, "q8_0", transposed=transposed)
+    rows_out = np.ascontiguousarray(W if transposed else W.T)          # [N, K]
+    want = gguf.quants.quantize(rows_out, gguf.GGMLQuantizationType.Q8_0)
+    assert p.shape == W.shape and p.data.shape == (N, K // 32 * 34) and p.scale is None
+    np.testing.assert_array_equal(p.data, want)
+    back = gguf.quants.dequantize(want, gguf.GGMLQuantizationType.Q8_0)
+    np.testing.assert_array_equal(p.dequantize(), back if transposed else back.T)
+
+
+def test_q8_0_needs_whole_blocks_of_inputs():
+    for shape, transposed in (((33, 8), False), ((8, 40), True)):
+        with pytest.raises(ValueError, match="whole blocks of 32"):
+            quantize(np.ones(shape, np.float32), "q8_0", transposed=transposed)
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=_variant_id)
+@pytest.mark.parametrize("K, N", [(32, 1), (64, 15), (64, 64), (96, 70), (768, 300), (256, 1000)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_q8_0_matvec_is_the_reference(rng, int8_variant, K, N, threads, transposed):
+    """Decode (fewer than 4 rows): int8 activations against the records,
+    bit for bit numpy_ref.q8_0_matvec, at every thread count, whichever
+    orientation the matrix has (the data is a row per output either way);
+    16 outputs at a time in the VNNI kernel and the rest one by one."""
+    from cyformer.backends.numpy_ref import q8_0_matvec
+    linalg.select_format_kernels(int8_variant)
+    W = _q8_0_matrix(rng, K, N, transposed)
+    p = quantize(W, "q8_0", transposed=transposed)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    x[2, :min(K, 40)] *= 1e-3  # blocks of very different scales
+    b = rng.standard_normal(N).astype(np.float32)
+    for T in (1, 2, 3):
+        got = linalg.linear_forward(x[:T], p, w_transposed=transposed, threads=threads)
+        for t in range(T):
+            want = q8_0_matvec(x[t], p.data)
+            np.testing.assert_array_equal(got[t].view(np.uint32), want.view(np.uint32))
+        np.testing.assert_allclose(got, x[:T] @ (p.dequantize().T if transposed else p.dequantize()),
+                                   rtol=0.05, atol=0.05 * np.sqrt(K))
+    got = linalg.linear_forward(x[:1], p, b, w_transposed=transposed, threads=threads)
+    np.testing.assert_allclose(got[0], q8_0_matvec(x[0], p.data) + b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=_variant_id)
+def test_q8_0_matvec_non_finite_activations_give_nan(int8_variant):
+    linalg.select_format_kernels(int8_variant)
+    p = quantize(np.ones((64, 40), np.float32), "q8_0")
+    x = np.ones((1, 64), np.float32)
+    x[0, 40] = np.inf
+    assert np.isnan(linalg.linear_forward(x, p)).all()
+
+
+@pytest.mark.parametrize("T", [4, 7, 30, 70])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q8_0_prefill_mlp_and_embedding(rng, T, threads):
+    """Four rows and more go through the GEMM, whose panels hold the records
+    widened to float32 (d * q): the dequantized matrix's product within
+    float32 summation order; the MLP and the embedding lookup take q8_0
+    matrices too (the lookup exactly the dequantized rows)."""
+    C, F, V = 64, 96, 50
+    W = quantize(rng.standard_normal((C, F)).astype(np.float32) / 8, "q8_0")
+    x = rng.standard_normal((T, C)).astype(np.float32)
+    got = linalg.linear_forward(x, W, threads=threads)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ dequantize(W), rtol=1e-4, atol=1e-5)
+    assert np.array_equal(got, linalg.linear_forward(x, W, threads=3 - threads))
+    W_in = quantize(rng.standard_normal((C, 2 * F)).astype(np.float32) / 8, "q8_0")
+    W_out = quantize(rng.standard_normal((F, C)).astype(np.float32) / 10, "q8_0")
+    got = mlp.mlp_forward(x, W_in, None, W_out, None, activation="swiglu", threads=threads)
+    h = x.astype(np.float64) @ dequantize(W_in)
+    ref = (h[:, :F] / (1 + np.exp(-h[:, :F])) * h[:, F:]) @ dequantize(W_out)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    wte = quantize(rng.standard_normal((V, C)).astype(np.float32), "q8_0", transposed=True)
+    ids = np.array([3, 0, 49, 3])
+    np.testing.assert_array_equal(linalg.embedding(ids, wte, None, threads=threads), dequantize(wte)[ids])
+
+
+def test_q8_0_arguments_are_checked():
+    p = quantize(np.ones((64, 8), np.float32), "q8_0")
+    x = np.ones((1, 64), np.float32)
+    with pytest.raises(ValueError, match="inputs"):
+        linalg.linear_forward(np.ones((1, 32), np.float32), p)
+    bad = Packed("q8_0", p.data[:, :-34].copy(), None, p.shape, False)
+    with pytest.raises(ValueError, match="q8_0 data"):
+        linalg.linear_forward(x, bad)
+    bad = Packed("q8_0", p.data.view(np.int8), None, p.shape, False)
+    with pytest.raises(ValueError, match="uint8"):
+        linalg.linear_forward(x, bad)

@@ -214,6 +214,33 @@ def bf16dp_dot_t(x, codes):
     return lanes[:, 0].copy()
 
 
+def q8_0_matvec(x, records):
+    """The q8_0 decode product: x [K] against W [N, K] given as GGUF Q8_0
+    records (uint8 [N, K/32 * 34]), as the kernels sum it (llama.cpp's
+    vec_dot_q8_0_q8_0 in a fixed order): per output, block b's term
+    isum_b * float32(d_w * d_x), isum_b the exact sum of its 32 code
+    products, added with one rounding into lane b % 16 of 16 partial sums
+    (from zero, blocks in order, missing blocks of the last 16 as 0 * 0),
+    then the lanes added as halves, 16 -> 8 -> 4 -> 2 -> 1.  Returns float32 [N]."""
+    from ..formats import q8_0_split
+
+    q, dx = q8_activations(x)                                      # [nblk, 32], [nblk]
+    codes, dw = q8_0_split(records)                                # [N, nblk, 32], [N, nblk]
+    N, nblk = dw.shape
+    isum = np.einsum("nbi,bi->nb", codes.astype(np.int64), q[:nblk].astype(np.int64))  # [N, nblk], exact
+    npad = -(-nblk // 16) * 16
+    t, i = np.zeros((N, npad), F32), np.zeros((N, npad), F32)
+    t[:, :nblk] = (dw * dx[:nblk]).astype(F32)
+    i[:, :nblk] = isum
+    s = np.zeros((N, 16), F32)
+    for c in range(0, npad, 16):
+        s = _fma(t[:, c:c + 16], i[:, c:c + 16], s)
+    while s.shape[1] > 1:
+        h = s.shape[1] // 2
+        s = (s[:, :h] + s[:, h:]).astype(F32)
+    return s[:, 0]
+
+
 # -- building blocks ------------------------------------------------------
 
 def layer_norm(x, w: NormWeights, eps):
