@@ -12,12 +12,16 @@ truncated or corrupt file is a ModelLoadError naming what is wrong.
 GGUF stores a matrix [out, in] (ggml's ne0 = inputs), quantized in blocks
 along each row; cyformer's block matrices are [in, out] (cyformer.weights),
 so matrices are repacked at load.  What each tensor type runs as is one
-table, RUNS: exact where the block format maps onto a cyformer format
-without loss (Q4_0's blocks of 32 4-bit codes with one scale are int4's
-groups; F16 widens to float32), converted to int8 otherwise.
+table, RUNS: natively where the block format is a cyformer format (Q8_0
+is q8_0, record for record), exact where it maps onto one without loss
+(Q4_0's blocks of 32 4-bit codes with one scale are int4's groups; F16
+widens to float32), converted to int8 otherwise.
 A fused parameter (q | k | v, gate | up) whose parts differ in type runs in
 the most precise of their formats.  Where a tensor already has the kernel
-layout (an F32 embedding, the norms) it stays memory-mapped from the file.
+layout (a Q8_0 matrix of one tensor, an F32 embedding, the norms) it stays
+memory-mapped from the file; Llama's q | k | v and gate | up are several
+tensors (q and k rows permuted), so their Q8_0 records are copied, unchanged,
+into one matrix.
 
 llama.cpp's converter permutes the rows of Llama's q and k products (its
 rotary kernel pairs dimension i with i + 1, Hugging Face's with i + D/2);
@@ -46,9 +50,8 @@ ARCHITECTURES = ("gpt2", "llama", "mistral", "qwen2")
 PERMUTED = ("llama", "mistral")  # the converter permutes q and k rows for these
 
 # GGUF tensor type -> (the cyformer format it runs as, exact?).  F16 widens
-# to float32 (bfloat16 would drop three bits of its mantissa).  Q8_0 (blocks
-# of 32 with an fp16 scale each, where cyformer's int8 has one scale per
-# output) and the k-quants are dequantized and converted to int8.  Q4_K
+# to float32 (bfloat16 would drop three bits of its mantissa).  Q8_0 runs as
+# q8_0, its own records.  The k-quants are dequantized and converted to int8.  Q4_K
 # gives each group of 32 a minimum as well as a scale, which symmetric int4
 # cannot hold: as int4 it doubled the bundled model's perplexity loss, as
 # int8 it keeps Q4_K's own.
@@ -56,13 +59,13 @@ RUNS = {
     "F32": ("float32", True),
     "F16": ("float32", True),
     "BF16": ("bfloat16", True),
-    "Q8_0": ("int8", False),
+    "Q8_0": ("q8_0", True),
     "Q4_0": ("int4", True),
     "Q4_K": ("int8", False),
     "Q5_K": ("int8", False),
     "Q6_K": ("int8", False),
 }
-PRECISION = ("int4", "int8", "bfloat16", "float32")  # least to most precise
+PRECISION = ("int4", "int8", "q8_0", "bfloat16", "float32")  # least to most precise
 
 # Model.save(format="gguf") dtype -> the type of every matrix (norms, biases
 # and GPT-2's position table stay F32, as llama.cpp writes them).
@@ -524,9 +527,7 @@ def load_weights(f, cfg, dtype=None):
     from .weights import TRANSPOSED, Weights, _slots, is_matrix
 
     names, shapes, planned = tensor_names(cfg), _shapes(cfg), plan(f, cfg, dtype)
-    mapped = {p for p, (fmt, parts) in planned.items()
-              if fmt == "float32" and len(parts) == 1 and parts[0][1] == "F32"
-              and (p in TRANSPOSED or not is_matrix(p))}  # GGUF's layout is the kernel's: no transpose
+    mapped = {p for p in planned if _mapped(p, planned[p], names[p])}
     layout = {}
     for p, (fmt, _) in planned.items():
         if p in mapped:
@@ -542,11 +543,16 @@ def load_weights(f, cfg, dtype=None):
     params = {}
     for p, (fmt, parts) in planned.items():
         spec, types, transposed = names[p], {t for _, t in parts}, p in TRANSPOSED
-        if p in mapped:
-            params[p] = np.asarray(f.tensors[spec[0][0]].data).reshape(spec[0][1])  # read-only
+        if p in mapped:  # read-only views of the file's mapping
+            if fmt == "q8_0":
+                params[p] = Packed(fmt, _q8_0_rows(f, spec[0][0]), None, tuple(shapes[p]), transposed)
+            else:
+                params[p] = np.asarray(f.tensors[spec[0][0]].data).reshape(spec[0][1])
             continue
         out = slots[p]
-        if fmt == "int4" and types == {"Q4_0"}:
+        if fmt == "q8_0" and types == {"Q8_0"}:  # the records themselves, parts one after another
+            out[0][...] = np.concatenate([_unpermute(_q8_0_rows(f, n), h) for n, s, h in spec])
+        elif fmt == "int4" and types == {"Q4_0"}:
             data, scale = _q4_0_int4(f, spec, transposed)
             out[0][...], out[1][...] = data, scale
         elif fmt == "bfloat16" and types == {"BF16"}:
@@ -567,6 +573,43 @@ def load_weights(f, cfg, dtype=None):
                                                            tuple(shapes[p]), transposed)
         _release(f, [n for n, _, _ in spec])
     return Weights.from_params(cfg, params)
+
+
+def _q8_0_rows(f, name):
+    """A Q8_0 tensor's records [rows, K/32 * 34], a view of the mapping, its
+    scales checked (a NaN or infinite scale would give NaN logits)."""
+    from .formats import q8_0_finite
+
+    raw = _rows(f, name)
+    if not q8_0_finite(raw):
+        raise ModelLoadError(f"{f.path}: tensor {name!r} has NaN or Inf block scales")
+    return raw
+
+
+def _mapped(p, planned, spec):
+    """True where a parameter is one file tensor already in the kernel layout,
+    used in place: Q8_0 as q8_0 (a row of records per output, as the file
+    holds it) unless its rows are permuted, or F32 that needs no transpose."""
+    from .weights import TRANSPOSED, is_matrix
+
+    fmt, parts = planned
+    if len(parts) != 1:
+        return False
+    if fmt == "q8_0":
+        return parts[0][1] == "Q8_0" and not spec[0][2]
+    return fmt == "float32" and parts[0][1] == "F32" and (p in TRANSPOSED or not is_matrix(p))
+
+
+def _how(p, planned, spec):
+    """How load_weights fills a parameter: "mapped" (the file's bytes in
+    place), "copied" (the file's values: every part's type is the format's
+    own, or widened to float32) or "converted" (requantized)."""
+    fmt, parts = planned
+    if _mapped(p, planned, spec):
+        return "mapped"
+    if fmt == "float32" or all(RUNS[t] == (fmt, True) for _, t in parts):
+        return "copied"
+    return "converted"
 
 
 def _q4_0_int4(f, spec, transposed):
@@ -607,17 +650,21 @@ def _release(f, names):
 
 
 def tensor_table(f, cfg, dtype=None):
-    """Per tensor kind (attn_q, ffn_down, ...): {kind: {"file": types, "runs": format}}."""
+    """Per tensor kind (attn_q, ffn_down, ...): {kind: {"file": types, "runs":
+    format, "how": how}}, how: "mapped" (used in place from the file),
+    "copied" (the same values, repacked or widened) or "converted" (requantized
+    at load)."""
+    names, planned = tensor_names(cfg), plan(f, cfg, dtype)
     kinds = {}
-    for p, (fmt, parts) in plan(f, cfg, dtype).items():
+    for p, (fmt, parts) in planned.items():
         for n, t in parts:
             kind = n.split(".")[-2] if n.startswith("blk.") else n.rsplit(".", 1)[0]
             kind += ".bias" if n.endswith(".bias") else ""
-            entry = kinds.setdefault(kind, {"file": set(), "runs": set()})
+            entry = kinds.setdefault(kind, {"file": set(), "runs": set(), "how": set()})
             entry["file"].add(t)
             entry["runs"].add(fmt)
-    return {k: {"file": "/".join(sorted(v["file"])), "runs": "/".join(sorted(v["runs"]))}
-            for k, v in kinds.items()}
+            entry["how"].add(_how(p, planned[p], names[p]))
+    return {k: {key: "/".join(sorted(v[key])) for key in ("file", "runs", "how")} for k, v in kinds.items()}
 
 
 # -- tokenizer ----------------------------------------------------------------
@@ -826,12 +873,15 @@ def _matrix_for_gguf(x, transposed):
 
 def _encode(x, transposed, heads, qtype):
     """One GGUF tensor's data: raw blocks for quantized types; an int4 matrix
-    written as Q4_0 keeps its codes (fp16 scales), so a Q4_0 file read and
-    written again is the same bytes."""
+    written as Q4_0 keeps its codes (fp16 scales), and a q8_0 matrix written
+    as Q8_0 is its own records, so a file read and written again is the same
+    bytes."""
     import gguf
 
     from .formats import Packed
 
+    if qtype == "Q8_0" and isinstance(x, Packed) and x.fmt == "q8_0":
+        return _permute(x.data, heads)  # rows of records, a row per output
     if qtype == "Q4_0" and isinstance(x, Packed) and x.fmt == "int4":
         scale = x.scale if transposed else x.scale.T
         if np.array_equal(scale.astype(np.float16).astype(np.float32), scale) and x.shape[0 if not transposed else 1] % 32 == 0:
@@ -941,10 +991,12 @@ def save(model, path, dtype="f32"):
 
 def _columns(x, o, n):
     """Outputs o .. o + n of a [K, N] block matrix (array or Packed)."""
-    from .formats import Packed
+    from .formats import TABLE, Packed
 
     if not isinstance(x, Packed):
         return x[:, o:o + n]
+    if TABLE[x.fmt].rows_out:  # its data is a row per output
+        return Packed(x.fmt, x.data[o:o + n], None, (x.shape[0], n), False)
     scale = None if x.scale is None else (x.scale[o:o + n] if x.scale.ndim == 1 else x.scale[:, o:o + n])
     return Packed(x.fmt, x.data[:, o:o + n], scale, (x.shape[0], n), False)
 
