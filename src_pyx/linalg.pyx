@@ -212,9 +212,10 @@ cdef void _gemm_q(float* out, const float* x, Wt W, const float* b,
     cdef int rows
     cdef unsigned char* panel
     cdef float* tile
-    for t in prange(T, num_threads=nthreads if nthreads < T else <int>T, schedule="static"):
-        cyf_q8_row_gemm(x + t * K, K, q + t * nblk * CYF_QB, d + t * nblk, bsum + t * nblk)
-    with parallel(num_threads=nthreads):
+    with parallel(num_threads=nthreads):  # one team for both steps: a barrier between, no second fork
+        for t in prange(T, schedule="static"):
+            cyf_q8_row_gemm(x + t * K, K, q + t * nblk * CYF_QB, d + t * nblk, bsum + t * nblk)
+        cyf_barrier()
         panel = <unsigned char*>(per + threadid() * _qgemm_thread_scratch(K))
         tile = per + threadid() * _qgemm_thread_scratch(K) + _lines(GEMM_NC // CYF_QNR * sb)
         for p in prange(nitems, schedule="dynamic", chunksize=1):
