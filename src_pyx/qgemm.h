@@ -123,28 +123,51 @@ static void cyf_i4_qpack(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptr
             ((float *)(panel + (j / CYF_QNR) * sb + cb))[b * CYF_QNR + j % CYF_QNR] = W->scale[b * N + n0 + j];
 }
 
-/* The tile in integer loops: every CPU, and the oracle of the vector one. */
+/* The tile in integer loops: every CPU, and the oracle of the vector one.
+ * Each group of 4 packed inputs serves every row; the loop over a strip's
+ * 32 outputs is the one the compiler vectorizes. */
 static inline void cyf_qtile_generic_(float *c, const signed char *q, const float *d, const int *bsum, int rows,
                                       const unsigned char *strip, ptrdiff_t nblk, int bpp, int grouped)
 {
     const ptrdiff_t Kp = nblk * CYF_QB;
     const float *sc = (const float *)(strip + Kp * CYF_QNR);
+    float acc[CYF_QMR][CYF_QNR], p[CYF_QMR][CYF_QNR];
+    int s[CYF_QMR][CYF_QNR];
     for (int r = 0; r < rows; r++)
-        for (int j = 0; j < CYF_QNR; j++) {
-            float acc = -0.0f;  /* -0 + p is p, bit for bit: the first partial as it is */
-            for (ptrdiff_t b0 = 0; b0 < nblk; b0 += bpp) {
-                float p = 0.0f;
-                for (ptrdiff_t b = b0; b < b0 + bpp && b < nblk; b++) {
-                    int s = -bsum[r * nblk + b];
-                    for (ptrdiff_t k = b * CYF_QB; k < (b + 1) * CYF_QB; k++)
-                        s += (int)*cyf_qstrip_code((unsigned char *)strip, k, j) * q[r * Kp + k];
-                    const float t = grouped ? d[r * nblk + b] * sc[b * CYF_QNR + j] : d[r * nblk + b];
-                    p = __builtin_fmaf(t, (float)s, p);
+        for (int j = 0; j < CYF_QNR; j++)
+            acc[r][j] = -0.0f;  /* -0 + p is p, bit for bit: the first partial as it is */
+    for (ptrdiff_t b0 = 0; b0 < nblk; b0 += bpp) {
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < CYF_QNR; j++)
+                p[r][j] = 0.0f;
+        for (ptrdiff_t b = b0; b < b0 + bpp && b < nblk; b++) {
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < CYF_QNR; j++)
+                    s[r][j] = -bsum[r * nblk + b];
+            for (int g = 0; g < CYF_QB / 4; g++) {
+                const unsigned char *w = strip + (b * (CYF_QB / 4) + g) * (4 * CYF_QNR);
+                for (int r = 0; r < rows; r++) {
+                    const signed char *qq = q + r * Kp + b * CYF_QB + 4 * g;
+                    const int q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3];
+                    for (int j = 0; j < CYF_QNR; j++)
+                        s[r][j] += w[4 * j] * q0 + w[4 * j + 1] * q1 + w[4 * j + 2] * q2 + w[4 * j + 3] * q3;
                 }
-                acc = acc + p;
             }
-            c[r * CYF_QNR + j] = acc;
+            for (int r = 0; r < rows; r++) {
+                const float dr = d[r * nblk + b];
+                for (int j = 0; j < CYF_QNR; j++) {
+                    const float t = grouped ? dr * sc[b * CYF_QNR + j] : dr;
+                    p[r][j] = __builtin_fmaf(t, (float)s[r][j], p[r][j]);
+                }
+            }
         }
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < CYF_QNR; j++)
+                acc[r][j] = acc[r][j] + p[r][j];
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < CYF_QNR; j++)
+            c[r * CYF_QNR + j] = acc[r][j];
 }
 
 static void cyf_i8_qtile_generic(float *c, const signed char *q, const float *d, const int *bsum, int rows,
