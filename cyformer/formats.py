@@ -1,4 +1,4 @@
-"""Weights in fewer bytes: bfloat16, int8, int4 and q8_0 matrices, one table row each.
+"""Weights in fewer bytes: bfloat16, int8, int4, q8_0 and q4_0 matrices, one table row each.
 
 Decode reads every weight once per token, so at a fixed memory bandwidth the
 bytes per weight set the speed.  A ``Packed`` matrix holds one weight matrix
@@ -15,19 +15,22 @@ read the table; the kernels find the format's row of the C table
 int8 keeps one scale per output (a dot product is scaled once); int4 needs a
 scale per group of 32 inputs (16 levels for 768 inputs are too few), each
 group's scale searched among max|w| / 6 .. 8.5 for the least squared error.
-An int4 model keeps the [V, C] embedding and unembedding in int8
-(``matrix_format``): they carry most of int4's error, and llama.cpp's 4-bit
+An int4 model keeps the [V, C] embedding and unembedding in int8, a q4_0
+model in q8_0 (``matrix_format``, from the row's ``vocab``): they carry most of int4's error, and llama.cpp's 4-bit
 types likewise keep the output matrix at a higher precision.
 
 q8_0 is GGUF's Q8_0 exactly: per output, blocks of 32 inputs, each a
 34-byte record of an fp16 scale d and 32 int8 codes (w = d * q), so a GGUF
-file's Q8_0 tensors run from the file's own bytes, memory-mapped.
+file's Q8_0 tensors run from the file's own bytes, memory-mapped.  q4_0 is
+GGUF's Q4_0 likewise: 18-byte records of an fp16 d and 16 bytes, byte j
+holding code j in its low nibble and code j + 16 in its high one
+(w = d * (nibble - 8)).
 
 Orientation: block matrices are stored [K, N] (inputs, outputs) like the
 float32 kernel layout; the embedding / unembedding [V, C] is stored as is,
 a row per token (``transposed``): its rows are what the embedding looks up
 and what the unembedding's outputs read.  Groups and pairs always run along
-the input dimension.  A format with ``rows_out`` (q8_0) stores its data a
+the input dimension.  A format with ``rows_out`` (q8_0, q4_0) stores its data a
 row per output whatever the matrix (GGUF's layout); ``Packed.shape`` and
 ``transposed`` still describe the float matrix, so callers never see the
 difference, and the kernels read it as [N, K].
@@ -92,8 +95,10 @@ STEP = 1 << 17
 
 def matrix_format(dtype, transposed):
     """The format a model loaded as dtype stores one matrix in: dtype, except
-    that int4 keeps the [V, C] embedding and unembedding (transposed) in int8."""
-    return "int8" if dtype == "int4" and transposed else dtype
+    that the [V, C] embedding and unembedding (transposed) go one step up
+    where the format's row says so (Format.vocab: int4 -> int8, q4_0 -> q8_0)."""
+    f = TABLE.get(dtype)
+    return f.vocab if transposed and f is not None and f.vocab else dtype
 
 
 def packed_layout(fmt, shape, transposed=False):
@@ -131,6 +136,18 @@ def _q8_0_layout(K, N, transposed):
         raise ValueError(f"q8_0: a matrix's inputs must be whole blocks of {Q8_0_BLOCK} (GGUF's Q8_0), "
                          f"got {K} inputs")
     return (N, K // Q8_0_BLOCK * Q8_0_RECORD), None
+
+
+Q4_0_BLOCK = 32        # inputs per Q4_0 record
+Q4_0_RECORD = 18       # bytes per record: fp16 d, then 16 bytes of two 4-bit codes
+
+
+def _q4_0_layout(K, N, transposed):
+    # a row of records per output in either orientation (rows_out)
+    if K % Q4_0_BLOCK:
+        raise ValueError(f"q4_0: a matrix's inputs must be whole blocks of {Q4_0_BLOCK} (GGUF's Q4_0), "
+                         f"got {K} inputs")
+    return (N, K // Q4_0_BLOCK * Q4_0_RECORD), None
 
 
 def empty(fmt, shape, transposed=False):
@@ -277,8 +294,56 @@ def q8_0_split(data):
 
 def q8_0_finite(data):
     """True when every record's fp16 scale in data (uint8 [n, K/32 * 34]) is
-    finite: its exponent bits (0x7C of the high byte) not all ones."""
-    hi = np.asarray(data).reshape(data.shape[0], -1, Q8_0_RECORD)[:, :, 1]
+    finite (block_scales_finite)."""
+    return block_scales_finite("q8_0", data)
+
+
+def _q4_0_step(p, x, first):
+    r = x.shape[0]
+    if p.transposed:  # rows are outputs: whole rows of records
+        p.data[first:first + r] = q4_0_records(x)
+    else:  # rows are inputs first .. first + r (whole blocks): those records of every output
+        c0 = first // Q4_0_BLOCK * Q4_0_RECORD
+        p.data[:, c0:c0 + r // Q4_0_BLOCK * Q4_0_RECORD] = q4_0_records(np.ascontiguousarray(x.T))
+
+
+def q4_0_records(x):
+    """float32 [n, K] (K a multiple of 32) -> uint8 [n, K/32 * 18] Q4_0
+    records, ggml's quantize_row_q4_0_ref bit for bit: max the block's value
+    of largest magnitude (the first), d = max / -8, id = 1 / d and
+    q = min(15, trunc(w * id + 8.5)) in float32, d stored as fp16 (to nearest
+    even); byte j holds code j in its low nibble, code j + 16 in its high
+    nibble; an all-zero block gets d = 0 and codes 8 (w = 0)."""
+    x = np.asarray(x, dtype=np.float32)
+    n, K = x.shape
+    b = x.reshape(n, K // Q4_0_BLOCK, Q4_0_BLOCK)
+    mx = np.take_along_axis(b, np.abs(b).argmax(axis=2)[:, :, None], axis=2)
+    d = (mx / np.float32(-8)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        v = np.trunc(b * inv + np.float32(8.5))
+        q = np.where(np.isfinite(v), np.clip(v, 0, 15), 8).astype(np.uint8)
+    out = np.empty((n, K // Q4_0_BLOCK, Q4_0_RECORD), dtype=np.uint8)
+    out[:, :, :2] = d.astype(np.float16).view(np.uint8)
+    out[:, :, 2:] = q[:, :, :16] | (q[:, :, 16:] << np.uint8(4))
+    return out.reshape(n, -1)
+
+
+def q4_0_split(data):
+    """uint8 records [n, K/32 * 18] -> (codes int8 [n, K/32, 32] in [-8, 7], d float32 [n, K/32])."""
+    rec = np.asarray(data).reshape(data.shape[0], -1, Q4_0_RECORD)
+    d = np.ascontiguousarray(rec[:, :, :2]).view(np.float16)[:, :, 0].astype(np.float32)
+    nib = rec[:, :, 2:]
+    q = np.concatenate([nib & 0x0F, nib >> 4], axis=2).astype(np.int8) - np.int8(8)
+    return q, d
+
+
+def block_scales_finite(fmt, data):
+    """True when every record's fp16 scale in data (uint8 [n, records]) of a
+    block format (q8_0, q4_0) is finite: its exponent bits (0x7C of the high
+    byte) not all ones."""
+    size = {"q8_0": Q8_0_RECORD, "q4_0": Q4_0_RECORD}[fmt]
+    hi = np.asarray(data).reshape(data.shape[0], -1, size)[:, :, 1]
     return not ((hi & 0x7C) == 0x7C).any()
 
 
@@ -386,6 +451,12 @@ def _q8_0_dequantize(p):
     return w.T                                                         # [K, N]
 
 
+def _q4_0_dequantize(p):
+    q, d = q4_0_split(p.data)                                          # [N, K/32, 32], [N, K/32]
+    w = (q.astype(np.float32) * d[:, :, None]).reshape(p.data.shape[0], -1)  # [N, K]
+    return w.T                                                         # [K, N]
+
+
 def _frozen(p):
     p.data.flags.writeable = False
     if p.scale is not None:
@@ -406,6 +477,9 @@ class Format:
     convert_step / dequantize: see convert and dequantize.  float32 has no
     converter: its matrices stay plain arrays.  rows_out: the data is a row
     per output whatever the matrix's orientation (the kernels read [N, K]).
+    vocab: the format of the [V, C] embedding and unembedding of a model
+    loaded as this one, where it is a step up (they carry most of a 4-bit
+    format's error; llama.cpp keeps the output matrix higher too).
     """
 
     name: str
@@ -420,6 +494,7 @@ class Format:
     convert_step: Optional[Callable] = None
     dequantize: Optional[Callable] = None
     rows_out: bool = False
+    vocab: Optional[str] = None
 
 
 TABLE = {f.name: f for f in (
@@ -430,11 +505,15 @@ TABLE = {f.name: f for f in (
            _int8_layout, _int8_column_scales, _int8_step, _int8_dequantize),
     Format("int4", 3, np.uint8, "U8", 0.5, GROUP,
            f"float32 per output and group of {GROUP} inputs: w = q * scale, q in [-8, 7], two a byte "
-           "(nibble = q + 8)", _int4_layout, None, _int4_step, _int4_dequantize),
+           "(nibble = q + 8)", _int4_layout, None, _int4_step, _int4_dequantize, vocab="int8"),
     Format("q8_0", 4, np.uint8, "U8", Q8_0_RECORD / Q8_0_BLOCK, Q8_0_BLOCK,
            f"fp16 per output and block of {Q8_0_BLOCK} inputs, inside {Q8_0_RECORD}-byte records (GGUF's Q8_0: "
            "d, then 32 int8 codes; w = d * q), a row of records per output",
            _q8_0_layout, None, _q8_0_step, _q8_0_dequantize, rows_out=True),
+    Format("q4_0", 5, np.uint8, "U8", Q4_0_RECORD / Q4_0_BLOCK, Q4_0_BLOCK,
+           f"fp16 per output and block of {Q4_0_BLOCK} inputs, inside {Q4_0_RECORD}-byte records (GGUF's Q4_0: "
+           "d, then 16 bytes, byte j holding code j low and j + 16 high; w = d * (nibble - 8)), a row of "
+           "records per output", _q4_0_layout, None, _q4_0_step, _q4_0_dequantize, rows_out=True, vocab="q8_0"),
 )}
 FORMATS = tuple(TABLE)                                                  # names, float32 first
 PACKED = tuple(name for name, f in TABLE.items() if f.convert_step is not None)

@@ -36,7 +36,7 @@ def load(path: "str | os.PathLike | None" = None, *, threads: "int | None" = Non
     off); results are the same at any count.  backend: "cython" (compiled
     kernels, default), "numpy" (vectorised reference) or "naive"
     (pure-Python teaching code).  dtype: the format of the weight matrices
-    (cyformer.formats): "float32", "bfloat16", "int8" or "int4", converted
+    (cyformer.formats): "float32", "bfloat16", "int8", "int4", "q8_0" or "q4_0", converted
     at load from a float32, float16 or bfloat16 checkpoint; None keeps what
     the directory holds (float32 for a Hugging Face checkpoint, the saved
     format for one written by Model.save).  Raises ModelLoadError naming the

@@ -80,7 +80,7 @@ class Model:
 
     @property
     def dtype(self) -> str:
-        """The format of the weight matrices: "float32", "bfloat16", "int8" or "int4"."""
+        """The format of the weight matrices: "float32", "bfloat16", "int8", "int4", "q8_0" or "q4_0"."""
         from .weights import weight_format
         return weight_format(self.weights)
 

@@ -622,7 +622,7 @@ def stored_shapes(param, shape, fmt):
 
 def _load_saved(ck, cfg, dtype):
     """A model written by Model.save(): memory-mapped, nothing converted."""
-    from .formats import FORMATS, TABLE, Packed, matrix_format, q8_0_finite
+    from .formats import FORMATS, TABLE, Packed, block_scales_finite, matrix_format
 
     meta = ck.metadata
     fmt = meta.get(SAVED_FORMAT_KEY)
@@ -666,7 +666,8 @@ def _load_saved(ck, cfg, dtype):
         scale = mapped(p + ".scale", scale_shape) if scale_shape is not None else None
         if scale is not None and not np.isfinite(scale).all():
             raise ModelLoadError(f"{ck.path}: tensor {p + '.scale'!r} holds NaN or Inf")
-        if matrix_format(fmt, p in TRANSPOSED) == "q8_0" and not q8_0_finite(data):
+        mf = matrix_format(fmt, p in TRANSPOSED)
+        if TABLE[mf].rows_out and not block_scales_finite(mf, data):
             raise ModelLoadError(f"{ck.path}: tensor {p!r} has NaN or Inf block scales")
         params[p] = Packed(matrix_format(fmt, p in TRANSPOSED), data, scale, tuple(shape), p in TRANSPOSED)
     return Weights.from_params(cfg, params)

@@ -1508,6 +1508,201 @@ static void cyf_q80_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, i
 }
 #endif
 
+/* ---- q4_0: GGUF's Q4_0 records, a row per output --------------------------
+ * q8_0's scheme with 18-byte records: an fp16 scale d_w, then 16 bytes,
+ * byte j holding code j in its low nibble and code j + 16 in its high one
+ * (w = d_w * (nibble - 8)).  Each output is the same fixed-order sum as
+ * q8_0's (isum_b now the exact sum of q * (nibble - 8)); backends/numpy_ref's
+ * q4_0_matvec is the reference, bit for bit. */
+#define CYF_Q40_REC 18
+
+static inline float cyf_q40_row_dot(const signed char *q, const float *dx, const unsigned char *row, ptrdiff_t nblk)
+{
+    float s[CYF_Q80_LANES] = {0.0f};
+    const ptrdiff_t npad = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES * CYF_Q80_LANES;
+    for (ptrdiff_t b = 0; b < npad; b++) {
+        float t = 0.0f;
+        int isum = 0;
+        if (b < nblk) {  /* past the last block: 0 * 0 added, as the vector kernel's padded lanes */
+            const unsigned char *rec = row + b * CYF_Q40_REC, *w = rec + 2;
+            const signed char *qb = q + b * CYF_QB;
+            for (int i = 0; i < CYF_QB / 2; i++)
+                isum += qb[i] * ((w[i] & 15) - 8) + qb[i + CYF_QB / 2] * ((w[i] >> 4) - 8);
+            t = cyf_half(rec) * dx[b];
+        }
+        s[b % CYF_Q80_LANES] = __builtin_fmaf(t, (float)isum, s[b % CYF_Q80_LANES]);
+    }
+    return cyf_q80_lanes_sum(s);
+}
+
+static void cyf_q40_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nblk = K / CYF_QB;
+    if (nblk == 0) {
+        for (ptrdiff_t j = 0; j < nw; j++)
+            acc[j] = 0.0f;
+        return;
+    }
+    signed char q[nblk * CYF_QB];
+    float d[nblk];
+    cyf_q8_row(x, K, q, d, NULL);
+    for (ptrdiff_t j = 0; j < nw; j++)
+        acc[j] = cyf_q40_row_dot(q, d, (const unsigned char *)W->data + (a + j) * W->ld, nblk);
+}
+
+/* dot_t for nr rows of x, as cyf_q80_dot_t_rows */
+static void cyf_q40_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                               ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nblk = K / CYF_QB;
+    if (nblk == 0 || nr <= 0) {
+        for (ptrdiff_t j = 0; j < nw * (nr > 0 ? nr : 0); j++)
+            acc[j] = 0.0f;
+        return;
+    }
+    signed char q[8 * nblk * CYF_QB];
+    float d[8 * nblk];
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const int m = nr - r0 < 8 ? nr - r0 : 8;
+        for (int r = 0; r < m; r++)
+            cyf_q8_row(x + (r0 + r) * ldx, K, q + r * nblk * CYF_QB, d + r * nblk, NULL);
+        for (ptrdiff_t j = 0; j < nw; j++) {
+            const unsigned char *row = (const unsigned char *)W->data + (a + j) * W->ld;
+            for (int r = 0; r < m; r++)
+                acc[(r0 + r) * nw + j] = cyf_q40_row_dot(q + r * nblk * CYF_QB, d + r * nblk, row, nblk);
+        }
+    }
+}
+
+static void cyf_q40_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
+                           ptrdiff_t K)
+{
+    (void)K;
+    const unsigned char *row = (const unsigned char *)W->data + n * W->ld;
+    ptrdiff_t k = 0;
+    while (k < kn) {  /* a record's run at a time: its scale widened once */
+        const ptrdiff_t b = (k0 + k) / CYF_QB, i0 = (k0 + k) % CYF_QB;
+        const ptrdiff_t e = kn - k < CYF_QB - i0 ? kn - k : CYF_QB - i0;
+        const unsigned char *rec = row + b * CYF_Q40_REC;
+        const float d = cyf_half(rec);
+        for (ptrdiff_t i = i0; i < i0 + e; i++) {
+            const int nib = i < CYF_QB / 2 ? rec[2 + i] & 15 : rec[2 + i - CYF_QB / 2] >> 4;
+            dst[(k + i - i0) * ldd] = (float)(nib - 8) * d;
+        }
+        k += e;
+    }
+}
+
+#if CYF_HAVE_VNNI_KERNELS
+/* q8_0's VNNI kernel with the codes unpacked: a record's 16 bytes become 32
+ * unsigned nibbles in element order (low nibbles then high: elements 0..15,
+ * 16..31), which vpdpbusd multiplies by x's codes; 8 * the codes' sum
+ * (q8_0's 128 * sum / 16, exact) is taken off, so isum is exact. */
+__attribute__((target("avx512vnni")))
+static inline __m256i cyf_q40_nibbles(const unsigned char *p)
+{
+    const __m128i m = _mm_set1_epi8(15), v = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(v, m)),
+                                   _mm_and_si128(_mm_srli_epi16(v, 4), m), 1);
+}
+
+__attribute__((target("avx512vnni")))
+static inline void cyf_q40_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb)
+{
+    for (int i = 0; i < 8; i++) {
+        const int bl = cyf_q80_lo_blk[i], bh = bl + 4;
+        const __m256i wl = bl < nb ? cyf_q40_nibbles(rc + bl * CYF_Q40_REC + 2) : _mm256_setzero_si256();
+        const __m256i wh = bh < nb ? cyf_q40_nibbles(rc + bh * CYF_Q40_REC + 2) : _mm256_setzero_si256();
+        wv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(wl), wh, 1);
+    }
+}
+
+__attribute__((target("avx512vnni")))
+static inline __m512 cyf_q40_dw(const unsigned char *rc, ptrdiff_t nb)
+{
+    const __m512i gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(CYF_Q40_REC));
+    const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << nb) - 1u), gidx,
+                                                   (const void *)rc, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+}
+
+/* x's codes as cyf_q80_x, bsum as 8 * the codes' sums */
+__attribute__((target("avx512vnni")))
+static inline void cyf_q40_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdiff_t nch, signed char *q, float *d,
+                             int *sum4, int *bsum, __m512i *xv)
+{
+    cyf_q80_x(x, K, nblk, nch, q, d, sum4, bsum, xv);
+    for (ptrdiff_t b = 0; b < nch * CYF_Q80_LANES; b++)
+        bsum[b] /= 16;
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_q40_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nblk = K / CYF_QB, ld = W->ld;
+    const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
+    if (nblk == 0) {
+        cyf_q40_dot_t_generic(acc, x, W, a, nw, K);
+        return;
+    }
+    signed char q[npad * CYF_QB];
+    float d[npad];
+    int sum4[npad * (CYF_QB / 4)], bsum[npad];
+    __m512i xv[nch * 8], wv[8];
+    cyf_q40_x(x, K, nblk, nch, q, d, sum4, bsum, xv);
+    for (ptrdiff_t j = 0; j < nw; j++) {
+        const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
+        __m512 s = _mm512_setzero_ps();
+        for (ptrdiff_t c = 0; c < nch; c++) {
+            const unsigned char *rc = row + c * CYF_Q80_LANES * CYF_Q40_REC;
+            const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES : CYF_Q80_LANES;
+            cyf_q40_w(wv, rc, nb);
+            s = cyf_q80_chunk(s, wv, xv + c * 8, bsum + c * CYF_Q80_LANES, cyf_q40_dw(rc, nb),
+                              d + c * CYF_Q80_LANES);
+        }
+        acc[j] = cyf_q80_sum16(s);
+    }
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_q40_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                                    ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nblk = K / CYF_QB, ld = W->ld;
+    const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
+    if (nblk == 0 || nr <= 0) {
+        cyf_q40_dot_t_rows(acc, x, ldx, nr, W, a, nw, K);
+        return;
+    }
+    signed char q[npad * CYF_QB];
+    float d[4 * npad];
+    int sum4[npad * (CYF_QB / 4)], bsum[4 * npad];
+    __m512i xv[4 * nch * 8], wv[8];
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int m = nr - r0 < 4 ? nr - r0 : 4;
+        for (int r = 0; r < m; r++)
+            cyf_q40_x(x + (r0 + r) * ldx, K, nblk, nch, q, d + r * npad, sum4, bsum + r * npad, xv + r * nch * 8);
+        for (ptrdiff_t j = 0; j < nw; j++) {
+            const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
+            __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (ptrdiff_t c = 0; c < nch; c++) {
+                const unsigned char *rc = row + c * CYF_Q80_LANES * CYF_Q40_REC;
+                const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES
+                                                                              : CYF_Q80_LANES;
+                cyf_q40_w(wv, rc, nb);
+                const __m512 dw = cyf_q40_dw(rc, nb);
+                for (int r = 0; r < m; r++)
+                    s[r] = cyf_q80_chunk(s[r], wv, xv + (r * nch + c) * 8, bsum + r * npad + c * CYF_Q80_LANES, dw,
+                                         d + r * npad + c * CYF_Q80_LANES);
+            }
+            for (int r = 0; r < m; r++)
+                acc[(r0 + r) * nw + j] = cyf_q80_sum16(s[r]);
+        }
+    }
+}
+#endif
+
 #include "qgemm.h"
 
 /* ---- the table, indexed by cyformer/formats.py's Format.code ------------- */
@@ -1522,6 +1717,8 @@ static cyf_format cyf_formats[] = {
     /* always [N, K] (rows_out): no [K, N] kernels */
     {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t_generic,
      cyf_q80_dot_t_rows, NULL, cyf_q80_pack_t},
+    {"q4_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q40_dot_t_generic,
+     cyf_q40_dot_t_rows, NULL, cyf_q40_pack_t},
 };
 #define CYF_NFORMATS ((int)(sizeof cyf_formats / sizeof cyf_formats[0]))
 
@@ -1553,15 +1750,18 @@ static inline int cyf_formats_select_bf16(int features)
     return 0;
 }
 
-/* q8_0's row: its VNNI kernels where the CPU has them. */
+/* q8_0's and q4_0's rows: their VNNI kernels where the CPU has them. */
 static inline void cyf_q80_select(int vnni)
 {
-    cyf_format *q80 = &cyf_formats[4];
+    cyf_format *q80 = &cyf_formats[4], *q40 = &cyf_formats[5];
 #if CYF_HAVE_VNNI_KERNELS
     if (vnni) {
         q80->dot_t = cyf_q80_dot_t_vnni;
         q80->dot_t_rows = cyf_q80_dot_t_rows_vnni;
         q80->kernels = "[N, K]: int8 activations, AVX512-VNNI vpdpbusd";
+        q40->dot_t = cyf_q40_dot_t_vnni;
+        q40->dot_t_rows = cyf_q40_dot_t_rows_vnni;
+        q40->kernels = "[N, K]: int8 activations, AVX512-VNNI vpdpbusd";
         return;
     }
 #endif
@@ -1569,6 +1769,9 @@ static inline void cyf_q80_select(int vnni)
     q80->dot_t = cyf_q80_dot_t_generic;
     q80->dot_t_rows = cyf_q80_dot_t_rows;
     q80->kernels = "[N, K]: int8 activations, generic integer loops";
+    q40->dot_t = cyf_q40_dot_t_generic;
+    q40->dot_t_rows = cyf_q40_dot_t_rows;
+    q40->kernels = "[N, K]: int8 activations, generic integer loops";
 }
 
 /* Point each row at the best kernels this CPU runs: features as

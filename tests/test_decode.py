@@ -142,7 +142,7 @@ def test_step_refuses_misshapen_weights(checkpoint):
 
 @pytest.mark.parametrize("model, dtype", [(m, d) for m in ("bundled", "odd")
                                           for d in ("float32", "bfloat16", "int8", "int4")]
-                         + [("bundled", "q8_0")])  # q8_0 needs inputs in whole blocks of 32
+                         + [("bundled", "q8_0"), ("bundled", "q4_0")])  # q8_0, q4_0 need whole blocks of 32
 @pytest.mark.parametrize("n_seq", [5, 13])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_batched_step_is_bitwise_each_sequence_alone(checkpoint, rng, model, n_seq, dtype, threads):

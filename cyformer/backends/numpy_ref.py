@@ -224,8 +224,21 @@ def q8_0_matvec(x, records):
     then the lanes added as halves, 16 -> 8 -> 4 -> 2 -> 1.  Returns float32 [N]."""
     from ..formats import q8_0_split
 
+    return _block_matvec(x, *q8_0_split(records))
+
+
+def q4_0_matvec(x, records):
+    """The q4_0 decode product: x [K] against W [N, K] given as GGUF Q4_0
+    records (uint8 [N, K/32 * 18]), summed as q8_0_matvec with codes
+    nibble - 8.  Returns float32 [N]."""
+    from ..formats import q4_0_split
+
+    return _block_matvec(x, *q4_0_split(records))
+
+
+def _block_matvec(x, codes, dw):
+    # codes int8 [N, nblk, 32], dw float32 [N, nblk]: see q8_0_matvec
     q, dx = q8_activations(x)                                      # [nblk, 32], [nblk]
-    codes, dw = q8_0_split(records)                                # [N, nblk, 32], [N, nblk]
     N, nblk = dw.shape
     isum = np.einsum("nbi,bi->nb", codes.astype(np.int64), q[:nblk].astype(np.int64))  # [N, nblk], exact
     npad = -(-nblk // 16) * 16
