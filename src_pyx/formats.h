@@ -1812,11 +1812,13 @@ static inline int cyf_formats_select(int features)
     if (CYF_HAVE_AVX2_KERNELS && (features & 4)) {
 #if CYF_HAVE_AVX2_KERNELS
         i8->gemv_block = cyf_i8q_gemv_block_avx2;
-        i8->kernels = "int8 activations in decode and prefill; decode [K, N]: AVX2 vpmaddubsw + vpmaddwd, "
-                      "the rest generic integer loops";
+        i8->qgemm = &cyf_i8_qgemm_avx2;
+        i8->kernels = "int8 activations in decode and prefill; decode [K, N] and prefill: AVX2 vpmaddubsw + vpmaddwd, "
+                      "decode [N, K]: generic integer loops";
         i4->gemv_block = cyf_i4q_gemv_block_avx2;
-        i4->kernels = "[K, N]: int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd in decode, "
-                      "generic integer loops in prefill; [N, K]: widened to float32, FMA";
+        i4->qgemm = &cyf_i4_qgemm_avx2;
+        i4->kernels = "[K, N]: int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd; "
+                      "[N, K]: widened to float32, FMA";
 #endif
         return bf16 | 4;
     }
