@@ -13,15 +13,14 @@ GGUF stores a matrix [out, in] (ggml's ne0 = inputs), quantized in blocks
 along each row; cyformer's block matrices are [in, out] (cyformer.weights),
 so matrices are repacked at load.  What each tensor type runs as is one
 table, RUNS: natively where the block format is a cyformer format (Q8_0
-is q8_0, record for record), exact where it maps onto one without loss
-(Q4_0's blocks of 32 4-bit codes with one scale are int4's groups; F16
-widens to float32), converted to int8 otherwise.
+is q8_0 and Q4_0 is q4_0, record for record), exact where it maps onto one
+without loss (F16 widens to float32), converted to int8 otherwise.
 A fused parameter (q | k | v, gate | up) whose parts differ in type runs in
 the most precise of their formats.  Where a tensor already has the kernel
-layout (a Q8_0 matrix of one tensor, an F32 embedding, the norms) it stays
-memory-mapped from the file; Llama's q | k | v and gate | up are several
-tensors (q and k rows permuted), so their Q8_0 records are copied, unchanged,
-into one matrix.
+layout (a Q8_0 or Q4_0 matrix of one tensor, an F32 embedding, the norms) it
+stays memory-mapped from the file; Llama's q | k | v and gate | up are
+several tensors (q and k rows permuted), so their records are copied,
+unchanged, into one matrix.
 
 llama.cpp's converter permutes the rows of Llama's q and k products (its
 rotary kernel pairs dimension i with i + 1, Hugging Face's with i + D/2);
@@ -50,8 +49,8 @@ ARCHITECTURES = ("gpt2", "llama", "mistral", "qwen2")
 PERMUTED = ("llama", "mistral")  # the converter permutes q and k rows for these
 
 # GGUF tensor type -> (the cyformer format it runs as, exact?).  F16 widens
-# to float32 (bfloat16 would drop three bits of its mantissa).  Q8_0 runs as
-# q8_0, its own records.  The k-quants are dequantized and converted to int8.  Q4_K
+# to float32 (bfloat16 would drop three bits of its mantissa).  Q8_0 and Q4_0
+# run as q8_0 and q4_0, their own records.  The k-quants are dequantized and converted to int8.  Q4_K
 # gives each group of 32 a minimum as well as a scale, which symmetric int4
 # cannot hold: as int4 it doubled the bundled model's perplexity loss, as
 # int8 it keeps Q4_K's own.
@@ -60,12 +59,13 @@ RUNS = {
     "F16": ("float32", True),
     "BF16": ("bfloat16", True),
     "Q8_0": ("q8_0", True),
-    "Q4_0": ("int4", True),
+    "Q4_0": ("q4_0", True),
     "Q4_K": ("int8", False),
     "Q5_K": ("int8", False),
     "Q6_K": ("int8", False),
 }
-PRECISION = ("int4", "int8", "q8_0", "bfloat16", "float32")  # least to most precise
+PRECISION = ("int4", "q4_0", "int8", "q8_0", "bfloat16", "float32")  # least to most precise
+NATIVE = {"q8_0": "Q8_0", "q4_0": "Q4_0"}  # cyformer formats that are a GGUF type's records
 
 # Model.save(format="gguf") dtype -> the type of every matrix (norms, biases
 # and GPT-2's position table stay F32, as llama.cpp writes them).
@@ -544,14 +544,14 @@ def load_weights(f, cfg, dtype=None):
     for p, (fmt, parts) in planned.items():
         spec, types, transposed = names[p], {t for _, t in parts}, p in TRANSPOSED
         if p in mapped:  # read-only views of the file's mapping
-            if fmt == "q8_0":
-                params[p] = Packed(fmt, _q8_0_rows(f, spec[0][0]), None, tuple(shapes[p]), transposed)
+            if fmt in NATIVE:
+                params[p] = Packed(fmt, _record_rows(f, spec[0][0], fmt), None, tuple(shapes[p]), transposed)
             else:
                 params[p] = np.asarray(f.tensors[spec[0][0]].data).reshape(spec[0][1])
             continue
         out = slots[p]
-        if fmt == "q8_0" and types == {"Q8_0"}:  # the records themselves, parts one after another
-            out[0][...] = np.concatenate([_unpermute(_q8_0_rows(f, n), h) for n, s, h in spec])
+        if fmt in NATIVE and types == {NATIVE[fmt]}:  # the records themselves, parts one after another
+            out[0][...] = np.concatenate([_unpermute(_record_rows(f, n, fmt), h) for n, s, h in spec])
         elif fmt == "int4" and types == {"Q4_0"}:
             data, scale = _q4_0_int4(f, spec, transposed)
             out[0][...], out[1][...] = data, scale
@@ -575,28 +575,29 @@ def load_weights(f, cfg, dtype=None):
     return Weights.from_params(cfg, params)
 
 
-def _q8_0_rows(f, name):
-    """A Q8_0 tensor's records [rows, K/32 * 34], a view of the mapping, its
-    scales checked (a NaN or infinite scale would give NaN logits)."""
-    from .formats import q8_0_finite
+def _record_rows(f, name, fmt):
+    """A Q8_0 / Q4_0 tensor's records [rows, K/32 * 34 or 18], a view of the
+    mapping, its scales checked (a NaN or infinite scale would give NaN logits)."""
+    from .formats import block_scales_finite
 
     raw = _rows(f, name)
-    if not q8_0_finite(raw):
+    if not block_scales_finite(fmt, raw):
         raise ModelLoadError(f"{f.path}: tensor {name!r} has NaN or Inf block scales")
     return raw
 
 
 def _mapped(p, planned, spec):
     """True where a parameter is one file tensor already in the kernel layout,
-    used in place: Q8_0 as q8_0 (a row of records per output, as the file
-    holds it) unless its rows are permuted, or F32 that needs no transpose."""
+    used in place: Q8_0 as q8_0 and Q4_0 as q4_0 (a row of records per
+    output, as the file holds it) unless its rows are permuted, or F32 that
+    needs no transpose."""
     from .weights import TRANSPOSED, is_matrix
 
     fmt, parts = planned
     if len(parts) != 1:
         return False
-    if fmt == "q8_0":
-        return parts[0][1] == "Q8_0" and not spec[0][2]
+    if fmt in NATIVE:
+        return parts[0][1] == NATIVE[fmt] and not spec[0][2]
     return fmt == "float32" and parts[0][1] == "F32" and (p in TRANSPOSED or not is_matrix(p))
 
 
@@ -607,7 +608,7 @@ def _how(p, planned, spec):
     fmt, parts = planned
     if _mapped(p, planned, spec):
         return "mapped"
-    if fmt == "float32" or all(RUNS[t] == (fmt, True) for _, t in parts):
+    if fmt == "float32" or all(RUNS[t] == (fmt, True) or (t, fmt) == ("Q4_0", "int4") for _, t in parts):
         return "copied"
     return "converted"
 
@@ -873,14 +874,14 @@ def _matrix_for_gguf(x, transposed):
 
 def _encode(x, transposed, heads, qtype):
     """One GGUF tensor's data: raw blocks for quantized types; an int4 matrix
-    written as Q4_0 keeps its codes (fp16 scales), and a q8_0 matrix written
-    as Q8_0 is its own records, so a file read and written again is the same
-    bytes."""
+    written as Q4_0 keeps its codes (fp16 scales), and a q8_0 / q4_0 matrix
+    written as Q8_0 / Q4_0 is its own records, so a file read and written
+    again is the same bytes."""
     import gguf
 
     from .formats import Packed
 
-    if qtype == "Q8_0" and isinstance(x, Packed) and x.fmt == "q8_0":
+    if isinstance(x, Packed) and NATIVE.get(x.fmt) == qtype:
         return _permute(x.data, heads)  # rows of records, a row per output
     if qtype == "Q4_0" and isinstance(x, Packed) and x.fmt == "int4":
         scale = x.scale if transposed else x.scale.T
