@@ -7,6 +7,7 @@ with random weights.
     python bench/peers.py                   # both geometries, 3 repeats (~30-40 minutes on 2 cores)
     python bench/peers.py --only gguf       # issue 25's pairs: the same GGUF file in cyformer and llama.cpp
     python bench/peers.py --only q8_0       # one Q8_0 file: cyformer native, converted to int8, llama.cpp
+    python bench/peers.py --only q4_0       # one Q4_0 file: cyformer native, repacked into int4, llama.cpp
     python bench/peers.py --quick           # smoke run on a tiny geometry
 
 Every measurement is a fresh process (load, warm up, measure, exit) and the
@@ -114,6 +115,10 @@ def contenders(path, only):
         f = gguf_file(path, "q8_0")
         return [("cyformer GGUF Q8_0", "cyformer", f, None), ("cyformer GGUF Q8_0 as int8", "cyformer", f, "int8"),
                 ("llama.cpp Q8_0", "llama.cpp", f, "q8_0")]
+    if only == "q4_0":  # the same Q4_0 file run natively, repacked at load into int4 (the old path), by llama.cpp
+        f = gguf_file(path, "q4_0")
+        return [("cyformer GGUF Q4_0", "cyformer", f, None), ("cyformer GGUF Q4_0 as int4", "cyformer", f, "int4"),
+                ("llama.cpp Q4_0", "llama.cpp", f, "q4_0")]
     out = []
     if only is None:
         out += [(f"cyformer {fmt}", "cyformer", path, fmt) for fmt, _ in CYFORMER]
@@ -359,7 +364,8 @@ PAIRS = [  # (cyformer contender, peer contender): the ratio table
     ("cyformer bfloat16", "llama.cpp F16"),
     ("cyformer GGUF Q8_0", "llama.cpp Q8_0"), ("cyformer GGUF Q8_0 as int8", "llama.cpp Q8_0"),
     ("cyformer GGUF Q8_0", "cyformer GGUF Q8_0 as int8"), ("cyformer int8", "llama.cpp Q8_0"),
-    ("cyformer GGUF Q4_0", "llama.cpp Q4_0"), ("cyformer int4", "llama.cpp Q4_0"),
+    ("cyformer GGUF Q4_0", "llama.cpp Q4_0"), ("cyformer GGUF Q4_0 as int4", "llama.cpp Q4_0"),
+    ("cyformer GGUF Q4_0", "cyformer GGUF Q4_0 as int4"), ("cyformer int4", "llama.cpp Q4_0"),
     ("cyformer int8", "CTranslate2 int8"), ("cyformer float32", "PyTorch float32"),
     ("cyformer bfloat16", "PyTorch bfloat16"),
 ]
@@ -395,9 +401,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="smoke run: a tiny geometry, short runs, 1 repeat")
     ap.add_argument("--reps", type=int, default=None, help="repeats (default 3, quick 1)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", choices=("gguf", "q8_0"), default=None,
-                    help="gguf: only the same GGUF files in cyformer and llama.cpp; q8_0: only the Q8_0 "
-                         "file, in cyformer natively and converted to int8 at load, and in llama.cpp")
+    ap.add_argument("--only", choices=("gguf", "q8_0", "q4_0"), default=None,
+                    help="gguf: only the same GGUF files in cyformer and llama.cpp; q8_0 / q4_0: only the Q8_0 / "
+                         "Q4_0 file, in cyformer natively and converted to int8 / int4 at load, and in llama.cpp")
     ap.add_argument("--geometry", action="append", choices=list(GEOMETRIES), default=None)
     ap.add_argument("--contenders", metavar="REGEX", default=None,
                     help="only the contenders whose name matches (e.g. 'int8|Q8_0|CTranslate2')")
@@ -489,7 +495,7 @@ def write(lines, args):
     if not args.quick:
         os.makedirs(args.out, exist_ok=True)
         slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")[:40]
-        tag = {"gguf": "gguf", "q8_0": "gguf-q8_0"}.get(args.only, "peers")
+        tag = {"gguf": "gguf", "q8_0": "gguf-q8_0", "q4_0": "gguf-q4_0"}.get(args.only, "peers")
         out = os.path.join(args.out, f"{datetime.date.today()}-{tag}-{slug}.md")
         with open(out, "w") as f:
             f.write(md + "\n")
