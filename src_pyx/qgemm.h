@@ -399,8 +399,16 @@ static inline void cyf_qtile_avx2_(float *c, const signed char *q, const float *
                         int v;
                         memcpy(&v, qr[r] + b * CYF_QB + 4 * g, 4);
                         const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(v), ws);
-                        s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, qs), ones));
+                        /* int4: |w| <= 8, so the block's 8 pair sums per 16-bit lane add to
+                         * at most 8 * 2 * 8 * 127 < 2^15: one vpmaddwd per block */
+                        s[r] = grouped ? _mm256_add_epi16(s[r], _mm256_maddubs_epi16(wa, qs))
+                                       : _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, qs), ones));
                     }
+                }
+                if (grouped) {
+#pragma GCC unroll 6
+                    for (int r = 0; r < CYF_QMR; r++)
+                        s[r] = _mm256_madd_epi16(s[r], ones);
                 }
                 const __m256 s0 = grouped ? _mm256_loadu_ps(sc + b * CYF_QNR + j0) : _mm256_setzero_ps();
 #pragma GCC unroll 6

@@ -723,6 +723,37 @@ def test_integer_gemm_rows_are_the_matvec_rows(rng, int8_variant, fmt, K, N, thr
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
                          ids=_variant_id)
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_integer_gemm_at_the_integer_limits(rng, int8_variant, fmt):
+    # weights at their extreme codes (int8 -128 and 127, int4 -8 and 7)
+    # against activation codes of +-127 with the same or opposite signs:
+    # every 16-bit pair sum (and int4's per-block 16-bit sums in the AVX2
+    # tile) at its bound, still exact
+    from cyformer.backends.numpy_ref import q4_matvec, q8_matvec
+    linalg.select_format_kernels(int8_variant)
+    K, N = 96, 70
+    hi = rng.random((K, N)) < 0.5
+    if fmt == "int8":
+        W = Packed("int8", np.where(hi, 127, -128).astype(np.int8), np.full(N, 0.01, np.float32), (K, N), False)
+        W.data[:, :10] = -128
+    else:
+        codes = np.where(hi, 15, 0).astype(np.uint8)  # nibbles: w + 8
+        codes[:, :10] = 0
+        W = Packed("int4", codes[0::2] | (codes[1::2] << 4),
+                   rng.uniform(0.5, 2, (K // 32, N)).astype(np.float32), (K, N), False)
+    x = np.where(rng.random((9, K)) < 0.5, 1.0, -1.0).astype(np.float32)
+    x[0] = 1.0
+    x[1] = -1.0
+    ref = q8_matvec if fmt == "int8" else q4_matvec
+    want = np.stack([ref(r, W.data, W.scale, 64) for r in x])
+    got = linalg.linear_forward(x, W)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_allclose(got[:2, :10], np.broadcast_to(
+        np.array([[1.0], [-1.0]]) * W.dequantize()[:, :10].sum(0), (2, 10)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=_variant_id)
 def test_int8_unembedding_non_finite_activations_give_nan(int8_variant):
     from cyformer.backends.numpy_ref import q8_matvec_t
     linalg.select_format_kernels(int8_variant)
