@@ -1758,20 +1758,25 @@ static inline void cyf_q80_select(int vnni)
     if (vnni) {
         q80->dot_t = cyf_q80_dot_t_vnni;
         q80->dot_t_rows = cyf_q80_dot_t_rows_vnni;
-        q80->kernels = "[N, K]: int8 activations, AVX512-VNNI vpdpbusd";
+        q80->qgemm = &cyf_q80_qgemm_vnni;
+        q80->kernels = "[N, K]: int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
         q40->dot_t = cyf_q40_dot_t_vnni;
         q40->dot_t_rows = cyf_q40_dot_t_rows_vnni;
-        q40->kernels = "[N, K]: int8 activations, AVX512-VNNI vpdpbusd";
+        q40->qgemm = &cyf_q40_qgemm_vnni;
+        q40->kernels = "[N, K]: int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
         return;
     }
 #endif
     (void)vnni;
+    /* no integer GEMM here: the generic tile is slower than the float panels */
     q80->dot_t = cyf_q80_dot_t_generic;
     q80->dot_t_rows = cyf_q80_dot_t_rows;
-    q80->kernels = "[N, K]: int8 activations, generic integer loops";
+    q80->qgemm = NULL;
+    q80->kernels = "[N, K]: int8 activations in decode, generic integer loops; prefill: widened to float32, FMA";
     q40->dot_t = cyf_q40_dot_t_generic;
     q40->dot_t_rows = cyf_q40_dot_t_rows;
-    q40->kernels = "[N, K]: int8 activations, generic integer loops";
+    q40->qgemm = NULL;
+    q40->kernels = q80->kernels;
 }
 
 /* Point each row at the best kernels this CPU runs: features as
@@ -1817,6 +1822,9 @@ static inline int cyf_formats_select(int features)
                       "decode [N, K]: generic integer loops";
         i4->gemv_block = cyf_i4q_gemv_block_avx2;
         i4->qgemm = &cyf_i4_qgemm_avx2;
+        cyf_formats[5].qgemm = &cyf_q40_qgemm_avx2;
+        cyf_formats[5].kernels = "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, "
+                                 "prefill: AVX2 vpmaddubsw + vpmaddwd";
         i4->kernels = "[K, N]: int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd; "
                       "[N, K]: widened to float32, FMA";
 #endif

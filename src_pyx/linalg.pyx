@@ -604,6 +604,14 @@ def format_kernels():
     return {name: cyf_format_at(f.code).kernels.decode() for name, f in _formats.TABLE.items()}
 
 
+def integer_gemm(str fmt):
+    """True when a product of fmt's matrices with 4 or more rows (prefill)
+    runs this CPU's integer GEMM (int8 activations, as decode), False when
+    it widens the weights to float32 panels."""
+    cdef const cyf_format* f = cyf_format_at(_formats.format_of("integer_gemm", fmt).code)
+    return f.qgemm != NULL
+
+
 cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, list keep) except *:
     cdef Wt w
     if isinstance(W, np.ndarray):

@@ -123,6 +123,47 @@ static void cyf_i4_qpack(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptr
             ((float *)(panel + (j / CYF_QNR) * sb + cb))[b * CYF_QNR + j % CYF_QNR] = W->scale[b * N + n0 + j];
 }
 
+/* q8_0 / q4_0 (W [N, K], GGUF's records a row per output): each record's
+ * codes into the strip (q + 128; q4_0's nibble - 8 + 128) and its fp16
+ * scale, as float32, where int4 keeps its group scales, so int4's grouped
+ * tile multiplies them: (d_b * d_w) first, as in int4. */
+static inline void cyf_qrec_pack_t_(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t n0, ptrdiff_t pw,
+                                    int nibbles)
+{
+    const ptrdiff_t sb = cyf_qstrip_bytes(K), nstr = (pw + CYF_QNR - 1) / CYF_QNR;
+    const ptrdiff_t nblk = K / CYF_QB, cb = (K + CYF_QB - 1) / CYF_QB * CYF_QB * CYF_QNR;
+    const ptrdiff_t rec = nibbles ? CYF_Q40_REC : CYF_Q80_REC;
+    cyf_qpanel_clear(panel, K, nstr);
+    for (ptrdiff_t j = 0; j < pw; j++) {
+        const unsigned char *row = (const unsigned char *)W->data + (n0 + j) * W->ld;
+        unsigned char *strip = panel + (j / CYF_QNR) * sb;
+        const ptrdiff_t jj = j % CYF_QNR;
+        for (ptrdiff_t b = 0; b < nblk; b++) {
+            const unsigned char *r = row + b * rec, *w = r + 2;
+            ((float *)(strip + cb))[b * CYF_QNR + jj] = cyf_half(r);
+            for (int i = 0; i < CYF_QB; i++) {
+                const int code = nibbles ? (i < CYF_QB / 2 ? (w[i] & 15) : (w[i - CYF_QB / 2] >> 4)) - 8
+                                         : (int)(signed char)w[i];
+                *cyf_qstrip_code(strip, b * CYF_QB + i, jj) = (unsigned char)(code + 128);
+            }
+        }
+    }
+}
+
+static void cyf_q80_qpack_t(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
+                            ptrdiff_t pw)
+{
+    (void)N;
+    cyf_qrec_pack_t_(panel, W, K, n0, pw, 0);
+}
+
+static void cyf_q40_qpack_t(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
+                            ptrdiff_t pw)
+{
+    (void)N;
+    cyf_qrec_pack_t_(panel, W, K, n0, pw, 1);
+}
+
 /* The tile in integer loops: every CPU, and the oracle of the vector one.
  * Each group of 4 packed inputs serves every row; the loop over a strip's
  * 32 outputs is the one the compiler vectorizes. */
@@ -346,6 +387,9 @@ static void cyf_i4_qpack_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K
 
 static const cyf_qgemm cyf_i8_qgemm_vnni = {cyf_i8_qpack_vnni, cyf_i8_qtile_vnni, cyf_i8_qpack_t};
 static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qpack_vnni, cyf_i4_qtile_vnni, NULL};
+/* GGUF's records: int4's grouped tile (their codes fit it); always [N, K] */
+static const cyf_qgemm cyf_q80_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_q80_qpack_t};
+static const cyf_qgemm cyf_q40_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_q40_qpack_t};
 #endif
 
 #if CYF_HAVE_AVX2_KERNELS
@@ -444,6 +488,8 @@ static void cyf_i4_qtile_avx2(float *c, const signed char *q, const float *d, co
 
 static const cyf_qgemm cyf_i8_qgemm_avx2 = {cyf_i8_qpack, cyf_i8_qtile_avx2, cyf_i8_qpack_t};
 static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qpack, cyf_i4_qtile_avx2, NULL};
+/* q4_0's codes fit int4's 16-bit block sums; q8_0's do not (|w| up to 127) */
+static const cyf_qgemm cyf_q40_qgemm_avx2 = {NULL, cyf_i4_qtile_avx2, cyf_q40_qpack_t};
 #endif
 
 #endif

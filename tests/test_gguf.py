@@ -147,8 +147,20 @@ def test_written_quantized_types(tmp_path, gpt2_dir, qtype, runs, how):
     assert g.dtype == runs and g.gguf_tensors["attn_qkv"] == {"file": qtype.upper(), "runs": runs, "how": how}
     ids = _ids(st)
     got, want = g.forward(ids), ref.forward(ids)
-    # q8_0's and q4_0's prefill widens the records to float32: only summation order differs
-    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    # prefill multiplies the records by int8 activations where the CPU has
+    # the integer GEMM (VNNI), as decode does: within 4 % of the largest logit
+    # of the float weights (measured 1.3-1.6 %), and the terms of decode's
+    # one-token steps in another order (<= 1e-4); elsewhere it widens them to
+    # float32, and only summation order differs from the float weights
+    from cyformer.kernels import linalg
+    if linalg.integer_gemm(qtype):
+        be = g.backend
+        kv = be.new_cache(len(ids))
+        steps = np.stack([np.asarray(be.run(ids[t:t + 1], kv, True))[-1] for t in range(len(ids))])
+        assert np.abs(got - steps).max() <= 1e-4 * np.abs(steps).max()
+        assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()
+    else:
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     # the same codes and scales
     w = ref.weights.blocks[1].mlp_c_proj.weight
     np.testing.assert_array_equal(g.weights.blocks[1].mlp_c_proj.weight.dequantize(), w)

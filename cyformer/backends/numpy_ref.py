@@ -96,25 +96,44 @@ def q8_matvec(x, codes, scale, rows_per_block):
 def q4_matvec(x, data, scale, rows_per_block):
     """The int4 decode product x [K] @ W [K, N] (data: uint8 [ceil(K/2), N]
     nibble pairs, q + 8, low nibble the even input; scale float32 [K/32, N]),
-    as the kernels sum it: q8_matvec's order, each block's integer sums
-    times float32(d_b * scale[b]) added with one rounding."""
-    q, d = q8_activations(x)
+    as the kernels sum it: grouped_matvec's order."""
     K = x.shape[0]
     codes = np.empty((data.shape[0] * 2, data.shape[1]), np.int64)
     codes[0::2] = (data & 15).astype(np.int64) - 8
     codes[1::2] = (data >> 4).astype(np.int64) - 8
-    codes = codes[:K]
-    N = codes.shape[1]
+    return grouped_matvec(x, codes[:K], scale, rows_per_block)
+
+
+def grouped_matvec(x, codes, scale, rows_per_block):
+    """x [K] @ W [K, N], W given as integer codes [K, N] and float32 scales
+    per block of 32 inputs and output [K/32, N], as the integer kernels sum
+    it (int4's decode and the integer GEMM's grouped tile): q8_matvec's
+    order, each block's integer sums times float32(d_b * scale[b]) added
+    with one rounding."""
+    q, d = q8_activations(x)
+    K, N = codes.shape
     total = None
     for k0 in range(0, K, rows_per_block):
         part = np.zeros(N, F32)
         for b0 in range(k0, min(K, k0 + rows_per_block), Q8_BLOCK):
             b1 = min(K, b0 + Q8_BLOCK, k0 + rows_per_block)
-            isum = q.reshape(-1)[b0:b1].astype(np.int64) @ codes[b0:b1]
+            isum = q.reshape(-1)[b0:b1].astype(np.int64) @ codes[b0:b1].astype(np.int64)
             t = (d[b0 // Q8_BLOCK] * scale[b0 // Q8_BLOCK]).astype(F32)
             part = _fma(t, isum.astype(F32), part)
         total = part if total is None else (total + part).astype(F32)
     return np.zeros(N, F32) if total is None else total
+
+
+def records_gemm_row(x, fmt, records, rows_per_block):
+    """A row of the integer GEMM (prefill) of a q8_0 or q4_0 matrix (GGUF
+    records, uint8 [N, K/32 * record]): the records' codes and fp16 scales
+    through grouped_matvec, as int4's grouped tile sums them.  (Decode's
+    q8_0_matvec / q4_0_matvec sum the same terms in another order.)"""
+    from ..formats import q4_0_split, q8_0_split
+
+    codes, dw = (q8_0_split if fmt == "q8_0" else q4_0_split)(records)   # [N, nblk, 32], [N, nblk]
+    N = codes.shape[0]
+    return grouped_matvec(x, codes.reshape(N, -1).T.astype(np.int64), dw.T.astype(F32), rows_per_block)
 
 
 def q8_matvec_t(x, codes, scale):
