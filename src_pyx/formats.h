@@ -1418,12 +1418,12 @@ static inline __m512 cyf_q80_chunk(__m512 s, const __m512i *wv, const __m512i *x
     return _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_loadu_ps(dx)), _mm512_cvtepi32_ps(isum), s);
 }
 
-/* The scales of chunk rc's nb blocks (0 past them). */
+/* The scales of chunk rc's nb blocks of rec-byte records (0 past them). */
 __attribute__((target("avx512vnni")))
-static inline __m512 cyf_q80_dw(const unsigned char *rc, ptrdiff_t nb)
+static inline __m512 cyf_rec_dw(const unsigned char *rc, ptrdiff_t nb, ptrdiff_t rec)
 {
     const __m512i gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(CYF_Q80_REC));
+                                            _mm512_set1_epi32((int)rec));
     const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << nb) - 1u), gidx,
                                                    (const void *)rc, 1);
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
@@ -1439,73 +1439,6 @@ static inline float cyf_q80_sum16(__m512 s)
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
 }
 
-__attribute__((target("avx512vnni")))
-static void cyf_q80_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    const ptrdiff_t nblk = K / CYF_QB, ld = W->ld;
-    const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
-    if (nblk == 0) {
-        cyf_q80_dot_t_generic(acc, x, W, a, nw, K);
-        return;
-    }
-    signed char q[npad * CYF_QB];
-    float d[npad];
-    int sum4[npad * (CYF_QB / 4)], bsum[npad];
-    __m512i xv[nch * 8], wv[8];
-    cyf_q80_x(x, K, nblk, nch, q, d, sum4, bsum, xv);
-    for (ptrdiff_t j = 0; j < nw; j++) {
-        const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
-        __m512 s = _mm512_setzero_ps();
-        for (ptrdiff_t c = 0; c < nch; c++) {
-            const unsigned char *rc = row + c * CYF_Q80_LANES * CYF_Q80_REC;
-            const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES : CYF_Q80_LANES;
-            cyf_q80_w(wv, rc, nb);
-            s = cyf_q80_chunk(s, wv, xv + c * 8, bsum + c * CYF_Q80_LANES, cyf_q80_dw(rc, nb),
-                              d + c * CYF_Q80_LANES);
-        }
-        acc[j] = cyf_q80_sum16(s);
-    }
-}
-
-/* dot_t_vnni for nr rows of x, 4 at a time: each chunk of a row of W is
- * loaded once into registers for all 4; every row's arithmetic is the
- * one-row kernel's, so are its bits. */
-__attribute__((target("avx512vnni")))
-static void cyf_q80_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                                    ptrdiff_t nw, ptrdiff_t K)
-{
-    const ptrdiff_t nblk = K / CYF_QB, ld = W->ld;
-    const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
-    if (nblk == 0 || nr <= 0) {
-        cyf_q80_dot_t_rows(acc, x, ldx, nr, W, a, nw, K);
-        return;
-    }
-    signed char q[npad * CYF_QB];
-    float d[4 * npad];
-    int sum4[npad * (CYF_QB / 4)], bsum[4 * npad];
-    __m512i xv[4 * nch * 8], wv[8];
-    for (int r0 = 0; r0 < nr; r0 += 4) {
-        const int m = nr - r0 < 4 ? nr - r0 : 4;
-        for (int r = 0; r < m; r++)
-            cyf_q80_x(x + (r0 + r) * ldx, K, nblk, nch, q, d + r * npad, sum4, bsum + r * npad, xv + r * nch * 8);
-        for (ptrdiff_t j = 0; j < nw; j++) {
-            const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
-            __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-            for (ptrdiff_t c = 0; c < nch; c++) {
-                const unsigned char *rc = row + c * CYF_Q80_LANES * CYF_Q80_REC;
-                const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES
-                                                                              : CYF_Q80_LANES;
-                cyf_q80_w(wv, rc, nb);
-                const __m512 dw = cyf_q80_dw(rc, nb);
-                for (int r = 0; r < m; r++)
-                    s[r] = cyf_q80_chunk(s[r], wv, xv + (r * nch + c) * 8, bsum + r * npad + c * CYF_Q80_LANES, dw,
-                                         d + r * npad + c * CYF_Q80_LANES);
-            }
-            for (int r = 0; r < m; r++)
-                acc[(r0 + r) * nw + j] = cyf_q80_sum16(s[r]);
-        }
-    }
-}
 #endif
 
 /* ---- q4_0: GGUF's Q4_0 records, a row per output --------------------------
@@ -1617,16 +1550,6 @@ static inline void cyf_q40_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb)
     }
 }
 
-__attribute__((target("avx512vnni")))
-static inline __m512 cyf_q40_dw(const unsigned char *rc, ptrdiff_t nb)
-{
-    const __m512i gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(CYF_Q40_REC));
-    const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << nb) - 1u), gidx,
-                                                   (const void *)rc, 1);
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
-}
-
 /* x's codes as cyf_q80_x, bsum as 8 * the codes' sums */
 __attribute__((target("avx512vnni")))
 static inline void cyf_q40_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdiff_t nch, signed char *q, float *d,
@@ -1637,61 +1560,41 @@ static inline void cyf_q40_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdif
         bsum[b] /= 16;
 }
 
-__attribute__((target("avx512vnni")))
-static void cyf_q40_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+/* Decode of a row of records for nr rows of x (dot_t: nr = 1), 4 rows of x
+ * at a time: each chunk of a row of W is loaded once into registers for all
+ * 4, and every row's arithmetic is the one-row kernel's, so are its bits.
+ * q4_0 (nib) unpacks its nibbles and takes 8 * the codes' sums off
+ * (cyf_q40_x), q8_0 flips its codes' sign bit and takes 128 * them. */
+__attribute__((target("avx512vnni"), always_inline))
+static inline void cyf_rec_dot_vnni_(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                                     ptrdiff_t nw, ptrdiff_t K, int nib)
 {
-    const ptrdiff_t nblk = K / CYF_QB, ld = W->ld;
+    const ptrdiff_t nblk = K / CYF_QB, ld = W->ld, rec = nib ? CYF_Q40_REC : CYF_Q80_REC;
     const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
-    if (nblk == 0) {
-        cyf_q40_dot_t_generic(acc, x, W, a, nw, K);
-        return;
-    }
-    signed char q[npad * CYF_QB];
-    float d[npad];
-    int sum4[npad * (CYF_QB / 4)], bsum[npad];
-    __m512i xv[nch * 8], wv[8];
-    cyf_q40_x(x, K, nblk, nch, q, d, sum4, bsum, xv);
-    for (ptrdiff_t j = 0; j < nw; j++) {
-        const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
-        __m512 s = _mm512_setzero_ps();
-        for (ptrdiff_t c = 0; c < nch; c++) {
-            const unsigned char *rc = row + c * CYF_Q80_LANES * CYF_Q40_REC;
-            const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES : CYF_Q80_LANES;
-            cyf_q40_w(wv, rc, nb);
-            s = cyf_q80_chunk(s, wv, xv + c * 8, bsum + c * CYF_Q80_LANES, cyf_q40_dw(rc, nb),
-                              d + c * CYF_Q80_LANES);
-        }
-        acc[j] = cyf_q80_sum16(s);
-    }
-}
-
-__attribute__((target("avx512vnni")))
-static void cyf_q40_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                                    ptrdiff_t nw, ptrdiff_t K)
-{
-    const ptrdiff_t nblk = K / CYF_QB, ld = W->ld;
-    const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
-    if (nblk == 0 || nr <= 0) {
-        cyf_q40_dot_t_rows(acc, x, ldx, nr, W, a, nw, K);
-        return;
-    }
     signed char q[npad * CYF_QB];
     float d[4 * npad];
     int sum4[npad * (CYF_QB / 4)], bsum[4 * npad];
     __m512i xv[4 * nch * 8], wv[8];
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int m = nr - r0 < 4 ? nr - r0 : 4;
-        for (int r = 0; r < m; r++)
-            cyf_q40_x(x + (r0 + r) * ldx, K, nblk, nch, q, d + r * npad, sum4, bsum + r * npad, xv + r * nch * 8);
+        for (int r = 0; r < m; r++) {
+            if (nib)
+                cyf_q40_x(x + (r0 + r) * ldx, K, nblk, nch, q, d + r * npad, sum4, bsum + r * npad, xv + r * nch * 8);
+            else
+                cyf_q80_x(x + (r0 + r) * ldx, K, nblk, nch, q, d + r * npad, sum4, bsum + r * npad, xv + r * nch * 8);
+        }
         for (ptrdiff_t j = 0; j < nw; j++) {
             const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
             __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
             for (ptrdiff_t c = 0; c < nch; c++) {
-                const unsigned char *rc = row + c * CYF_Q80_LANES * CYF_Q40_REC;
+                const unsigned char *rc = row + c * CYF_Q80_LANES * rec;
                 const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES
                                                                               : CYF_Q80_LANES;
-                cyf_q40_w(wv, rc, nb);
-                const __m512 dw = cyf_q40_dw(rc, nb);
+                if (nib)
+                    cyf_q40_w(wv, rc, nb);
+                else
+                    cyf_q80_w(wv, rc, nb);
+                const __m512 dw = cyf_rec_dw(rc, nb, rec);
                 for (int r = 0; r < m; r++)
                     s[r] = cyf_q80_chunk(s[r], wv, xv + (r * nch + c) * 8, bsum + r * npad + c * CYF_Q80_LANES, dw,
                                          d + r * npad + c * CYF_Q80_LANES);
@@ -1700,6 +1603,44 @@ static void cyf_q40_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, i
                 acc[(r0 + r) * nw + j] = cyf_q80_sum16(s[r]);
         }
     }
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_q80_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    if (K / CYF_QB == 0)
+        cyf_q80_dot_t_generic(acc, x, W, a, nw, K);
+    else
+        cyf_rec_dot_vnni_(acc, x, 0, 1, W, a, nw, K, 0);
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_q80_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                                    ptrdiff_t nw, ptrdiff_t K)
+{
+    if (K / CYF_QB == 0 || nr <= 0)
+        cyf_q80_dot_t_rows(acc, x, ldx, nr, W, a, nw, K);
+    else
+        cyf_rec_dot_vnni_(acc, x, ldx, nr, W, a, nw, K, 0);
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_q40_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    if (K / CYF_QB == 0)
+        cyf_q40_dot_t_generic(acc, x, W, a, nw, K);
+    else
+        cyf_rec_dot_vnni_(acc, x, 0, 1, W, a, nw, K, 1);
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_q40_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                                    ptrdiff_t nw, ptrdiff_t K)
+{
+    if (K / CYF_QB == 0 || nr <= 0)
+        cyf_q40_dot_t_rows(acc, x, ldx, nr, W, a, nw, K);
+    else
+        cyf_rec_dot_vnni_(acc, x, ldx, nr, W, a, nw, K, 1);
 }
 #endif
 
