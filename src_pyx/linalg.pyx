@@ -604,7 +604,7 @@ def format_kernels():
     return {name: cyf_format_at(f.code).kernels.decode() for name, f in _formats.TABLE.items()}
 
 
-def integer_gemm(str fmt):
+def integer_gemm(fmt):
     """True when a product of fmt's matrices with 4 or more rows (prefill)
     runs this CPU's integer GEMM (int8 activations, as decode), False when
     it widens the weights to float32 panels."""

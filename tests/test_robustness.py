@@ -588,7 +588,7 @@ def test_every_public_kernel_wrapper_is_covered():
                "norm.rms_norm_forward", "norm.norm_forward", "activations.swiglu_forward",
                "attention.rope_forward",
                "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty",
-               "linalg.format_kernels", "linalg.select_format_kernels"}
+               "linalg.format_kernels", "linalg.select_format_kernels", "linalg.integer_gemm"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
 
 
@@ -601,6 +601,15 @@ def test_select_format_kernels_refuses_bad_features():
     used = linalg.select_format_kernels()
     assert set(used) and all(isinstance(v, bool) for v in used.values())
     assert set(linalg.format_kernels()) == set(cyformer.formats.TABLE)
+
+
+def test_integer_gemm_names_a_bad_format():
+    for bad in ("int3", None, 5, b"int8"):
+        with pytest.raises(ValueError, match="integer_gemm: format must be one of"):
+            linalg.integer_gemm(bad)
+    # float formats never take the integer GEMM; the answer is a bool for every format
+    assert linalg.integer_gemm("float32") is False and linalg.integer_gemm("bfloat16") is False
+    assert all(isinstance(linalg.integer_gemm(f), bool) for f in cyformer.formats.TABLE)
 
 
 def test_aligned_empty_refuses_bad_sizes():
