@@ -1286,47 +1286,6 @@ static inline float cyf_q80_row_dot(const signed char *q, const float *dx, const
     return cyf_q80_lanes_sum(s);
 }
 
-static void cyf_q80_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    const ptrdiff_t nblk = K / CYF_QB;
-    if (nblk == 0) {
-        for (ptrdiff_t j = 0; j < nw; j++)
-            acc[j] = 0.0f;
-        return;
-    }
-    signed char q[nblk * CYF_QB];
-    float d[nblk];
-    cyf_q8_row(x, K, q, d, NULL);
-    for (ptrdiff_t j = 0; j < nw; j++)
-        acc[j] = cyf_q80_row_dot(q, d, (const unsigned char *)W->data + (a + j) * W->ld, nblk);
-}
-
-/* dot_t for nr rows of x: x quantized once per row, then each row of W
- * read once for up to 8 rows of x at a time (the batched step; 8 rows of
- * codes stay small on a thread's stack). */
-static void cyf_q80_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                               ptrdiff_t nw, ptrdiff_t K)
-{
-    const ptrdiff_t nblk = K / CYF_QB;
-    if (nblk == 0 || nr <= 0) {
-        for (ptrdiff_t j = 0; j < nw * (nr > 0 ? nr : 0); j++)
-            acc[j] = 0.0f;
-        return;
-    }
-    signed char q[8 * nblk * CYF_QB];
-    float d[8 * nblk];
-    for (int r0 = 0; r0 < nr; r0 += 8) {
-        const int m = nr - r0 < 8 ? nr - r0 : 8;
-        for (int r = 0; r < m; r++)
-            cyf_q8_row(x + (r0 + r) * ldx, K, q + r * nblk * CYF_QB, d + r * nblk, NULL);
-        for (ptrdiff_t j = 0; j < nw; j++) {
-            const unsigned char *row = (const unsigned char *)W->data + (a + j) * W->ld;
-            for (int r = 0; r < m; r++)
-                acc[(r0 + r) * nw + j] = cyf_q80_row_dot(q + r * nblk * CYF_QB, d + r * nblk, row, nblk);
-        }
-    }
-}
-
 static void cyf_q80_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
                            ptrdiff_t K)
 {
@@ -1468,24 +1427,12 @@ static inline float cyf_q40_row_dot(const signed char *q, const float *dx, const
     return cyf_q80_lanes_sum(s);
 }
 
-static void cyf_q40_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    const ptrdiff_t nblk = K / CYF_QB;
-    if (nblk == 0) {
-        for (ptrdiff_t j = 0; j < nw; j++)
-            acc[j] = 0.0f;
-        return;
-    }
-    signed char q[nblk * CYF_QB];
-    float d[nblk];
-    cyf_q8_row(x, K, q, d, NULL);
-    for (ptrdiff_t j = 0; j < nw; j++)
-        acc[j] = cyf_q40_row_dot(q, d, (const unsigned char *)W->data + (a + j) * W->ld, nblk);
-}
-
-/* dot_t for nr rows of x, as cyf_q80_dot_t_rows */
-static void cyf_q40_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                               ptrdiff_t nw, ptrdiff_t K)
+/* The generic dot_t for nr rows of x (dot_t: nr = 1) of either record
+ * format (nib: q4_0): x quantized once per row, then each row of W read
+ * once for up to 8 rows of x at a time (the batched step; 8 rows of codes
+ * stay small on a thread's stack). */
+static inline void cyf_rec_dot_t_rows_(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W,
+                                       ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib)
 {
     const ptrdiff_t nblk = K / CYF_QB;
     if (nblk == 0 || nr <= 0) {
@@ -1502,9 +1449,32 @@ static void cyf_q40_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr
         for (ptrdiff_t j = 0; j < nw; j++) {
             const unsigned char *row = (const unsigned char *)W->data + (a + j) * W->ld;
             for (int r = 0; r < m; r++)
-                acc[(r0 + r) * nw + j] = cyf_q40_row_dot(q + r * nblk * CYF_QB, d + r * nblk, row, nblk);
+                acc[(r0 + r) * nw + j] = (nib ? cyf_q40_row_dot : cyf_q80_row_dot)(q + r * nblk * CYF_QB, d + r * nblk,
+                                                                                   row, nblk);
         }
     }
+}
+
+static void cyf_q80_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    cyf_rec_dot_t_rows_(acc, x, 0, 1, W, a, nw, K, 0);
+}
+
+static void cyf_q80_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                               ptrdiff_t nw, ptrdiff_t K)
+{
+    cyf_rec_dot_t_rows_(acc, x, ldx, nr, W, a, nw, K, 0);
+}
+
+static void cyf_q40_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    cyf_rec_dot_t_rows_(acc, x, 0, 1, W, a, nw, K, 1);
+}
+
+static void cyf_q40_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                               ptrdiff_t nw, ptrdiff_t K)
+{
+    cyf_rec_dot_t_rows_(acc, x, ldx, nr, W, a, nw, K, 1);
 }
 
 static void cyf_q40_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
