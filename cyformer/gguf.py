@@ -996,8 +996,8 @@ def _columns(x, o, n):
 
     if not isinstance(x, Packed):
         return x[:, o:o + n]
-    if TABLE[x.fmt].rows_out:  # its data is a row per output
-        return Packed(x.fmt, x.data[o:o + n], None, (x.shape[0], n), False)
+    if TABLE[x.fmt].rows_out:  # its data (and any scales) a row per output
+        return Packed(x.fmt, x.data[o:o + n], None if x.scale is None else x.scale[o:o + n], (x.shape[0], n), False)
     scale = None if x.scale is None else (x.scale[o:o + n] if x.scale.ndim == 1 else x.scale[:, o:o + n])
     return Packed(x.fmt, x.data[:, o:o + n], scale, (x.shape[0], n), False)
 

@@ -5,8 +5,8 @@ model.safetensors with cyformer's parameter names (cyformer.arch) in the
 kernel layout: float32 norms, biases and position table, and every matrix
 in the chosen format (bfloat16 as BF16, int8 as I8 with a ``<name>.scale``
 tensor, int4 as U8 pairs with its group scales).  The header's metadata says
-the format, so ``cyformer.load(dir)`` maps the file without converting
-anything.
+the format and which formats hold a row per output (``cyformer.rows_out``),
+so ``cyformer.load(dir)`` maps the file without converting anything.
 """
 
 import json
@@ -18,7 +18,7 @@ import numpy as np
 from ._checks import path_arg
 from .errors import CyformerError
 from .formats import TABLE
-from .weights import SAVED_FORMAT_KEY, SAVED_GROUP_KEY, SAVED_LAYOUT_KEY
+from .weights import SAVED_FORMAT_KEY, SAVED_GROUP_KEY, SAVED_LAYOUT_KEY, SAVED_ROWS_OUT_KEY
 
 # Files copied from the source directory when present.
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -75,6 +75,7 @@ def _save(model, directory):
             put(f"blocks.{i}.{name}", b.param(name))
     fmt = model.dtype
     meta = {SAVED_LAYOUT_KEY: "kernel", SAVED_FORMAT_KEY: fmt, SAVED_GROUP_KEY: "32",
+            SAVED_ROWS_OUT_KEY: ",".join(name for name, f in TABLE.items() if f.rows_out),
             "cyformer.version": __version__}
     _refuse_source(directory, src)  # again, just before writing: nothing may have moved in between
     tmp = os.path.join(directory, "model.safetensors.tmp")

@@ -608,6 +608,11 @@ def _load(ck, cfg, dtype="float32", progress=None):
 SAVED_LAYOUT_KEY = "cyformer.layout"
 SAVED_FORMAT_KEY = "cyformer.format"
 SAVED_GROUP_KEY = "cyformer.group"
+# The formats whose block matrices the file holds a row per output
+# (Format.rows_out); a file without the key predates int8's switch to it,
+# when only GGUF's q8_0 and q4_0 were.
+SAVED_ROWS_OUT_KEY = "cyformer.rows_out"
+ROWS_OUT_BEFORE_THE_KEY = "q8_0,q4_0"
 
 
 def stored_shapes(param, shape, fmt):
@@ -654,20 +659,30 @@ def _load_saved(ck, cfg, dtype):
             return np.zeros(want_shape, dtype=np_dtype)
         return np.memmap(shard, dtype=np_dtype, mode="r", offset=data_start + info.begin, shape=want_shape)
 
+    rows_out = set(meta.get(SAVED_ROWS_OUT_KEY, ROWS_OUT_BEFORE_THE_KEY).split(","))
     for p, shape in shapes.items():
         if shape is None:
             continue
         data_shape, scale_shape = stored_shapes(p, shape, fmt)
-        data = mapped(p, data_shape)
+        mf = matrix_format(fmt, p in TRANSPOSED) if fmt != "float32" and is_matrix(p) else "float32"
+        # a block matrix saved [K, N] before its format became rows_out: the
+        # transpose of today's arrays (int4's pairs run along inputs either
+        # way), copied once here instead of mapped
+        legacy = TABLE[mf].rows_out and mf not in rows_out and p not in TRANSPOSED
+        data = mapped(p, data_shape[::-1] if legacy else data_shape)
         _warn_nonfinite(ck.path, p, data)
         if fmt == "float32" or not is_matrix(p):
             params[p] = data
             continue
-        scale = mapped(p + ".scale", scale_shape) if scale_shape is not None else None
-        if scale is not None and not np.isfinite(scale).all():
-            raise ModelLoadError(f"{ck.path}: tensor {p + '.scale'!r} holds NaN or Inf")
-        mf = matrix_format(fmt, p in TRANSPOSED)
-        if TABLE[mf].rows_out and not block_scales_finite(mf, data):
+        scale = None
+        if scale_shape is not None:
+            scale = mapped(p + ".scale", scale_shape[::-1] if legacy else scale_shape)
+            if not np.isfinite(scale).all():
+                raise ModelLoadError(f"{ck.path}: tensor {p + '.scale'!r} holds NaN or Inf")
+        if legacy:
+            data = np.ascontiguousarray(data.T)
+            scale = None if scale is None else np.ascontiguousarray(scale.T)
+        if TABLE[mf].record and not block_scales_finite(mf, data):
             raise ModelLoadError(f"{ck.path}: tensor {p!r} has NaN or Inf block scales")
         params[p] = Packed(matrix_format(fmt, p in TRANSPOSED), data, scale, tuple(shape), p in TRANSPOSED)
     return Weights.from_params(cfg, params)

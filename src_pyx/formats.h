@@ -97,7 +97,7 @@ static void cyf_f32_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t
         dst[k * ldd] = row[k];
 }
 
-/* ---- bfloat16 and int8: a weight widens to float32 exactly --------------- */
+/* ---- bfloat16: a weight widens to float32 exactly ------------------------ */
 #define CYF_WIDENED_ROW(NAME, FMT)                                                                        \
 static void cyf_##NAME##_gemv_block(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0,        \
                                     ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)    \
@@ -112,7 +112,6 @@ static void cyf_##NAME##_dot_t(float *acc, const float *x, const cyf_wt *W, ptrd
         acc[j] = cyf_dot_q(x, W->data, FMT, W->ld, a + j, 0, K);                                          \
 }
 CYF_WIDENED_ROW(bf16, CYF_BF16)
-CYF_WIDENED_ROW(i8, CYF_I8)
 
 static void cyf_bf16_pack_run(float *dst, const cyf_wt *W, ptrdiff_t N, ptrdiff_t k, ptrdiff_t n, ptrdiff_t cnt)
 {
@@ -127,11 +126,7 @@ static void cyf_bf16_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_
         dst[k * ldd] = cyf_elem_t(W->data, CYF_BF16, W->ld, n, k0 + k);
 }
 
-static void cyf_i8_pack_run(float *dst, const cyf_wt *W, ptrdiff_t N, ptrdiff_t k, ptrdiff_t n, ptrdiff_t cnt)
-{
-    cyf_dequant_run(W->data, CYF_I8, W->ld, W->scale, N, k, n, cnt, dst);
-}
-
+/* int8 is always [N, K] (rows_out) */
 static void cyf_i8_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
                           ptrdiff_t K)
 {
@@ -210,33 +205,6 @@ static inline void cyf_q8_row(const float *x, ptrdiff_t K, signed char *q, float
     }
 }
 
-/* partial[j] = sum over the blocks b of rows k0 .. k0+kb-1 (k0 a multiple
- * of CYF_QB) of d_b * (q_b . W(block b, c0 + j)), each term added with one
- * rounding (fmaf) in block order: the generic loops */
-static void cyf_i8q_gemv_block_generic(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0,
-                                       ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
-{
-    (void)N;
-    const signed char *Wd = (const signed char *)W->data;
-    int *isum = (int *)tmp;  /* cw ints */
-    signed char q[CYF_QB];
-    for (ptrdiff_t j = 0; j < cw; j++)
-        partial[j] = 0.0f;
-    for (ptrdiff_t b0 = 0; b0 < kb; b0 += CYF_QB) {
-        const ptrdiff_t nb = kb - b0 < CYF_QB ? kb - b0 : CYF_QB;
-        const float d = cyf_q8_block(x + k0 + b0, nb, q);
-        for (ptrdiff_t j = 0; j < cw; j++)
-            isum[j] = 0;
-        for (ptrdiff_t i = 0; i < nb; i++) {
-            const signed char *w = Wd + (k0 + b0 + i) * W->ld + c0;
-            const int qi = q[i];
-            for (ptrdiff_t j = 0; j < cw; j++)
-                isum[j] += qi * w[j];
-        }
-        for (ptrdiff_t j = 0; j < cw; j++)
-            partial[j] = __builtin_fmaf(d, (float)isum[j], partial[j]);
-    }
-}
 
 /* int4 weights times int8 activations: as int8's, with the weights'
  * scale per output and group (a group is an activation block) multiplying
@@ -270,8 +238,8 @@ static void cyf_i4q_gemv_block_generic(float *partial, const float *x, const cyf
     }
 }
 
-/* ---- int8 [N, K] (the unembedding) times int8 activations ----------------
- * x is quantized as for [K, N], blocks of CYF_QB from input 0.  Each output
+/* ---- int8 [N, K] (every int8 matrix, rows_out) times int8 activations -----
+ * x is quantized in blocks of CYF_QB from input 0.  Each output
  * sums in 16 float lanes over pairs of blocks (64 inputs, one 64-byte run
  * of a row): lane l of pair p takes the exact integer sum of the products of
  * inputs 64p + 4l .. 64p + 4l + 3 times its block's d (block 2p for lanes
@@ -347,175 +315,7 @@ static void cyf_i8q_dot_t_generic(float *acc, const float *x, const cyf_wt *W, p
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define CYF_HAVE_VNNI_KERNELS 1
-/* AVX512-VNNI: vpdpbusd adds 4 products of unsigned by signed bytes into
- * each int32 lane.  The weights are the unsigned side, w + 128 (the sign
- * bit flipped), and 128 * the 4 codes' sum is taken off again: exact, and no
- * copy of the weights.  A lane needs 4 consecutive inputs of one output, so
- * 4 rows of W [K, N] are interleaved in registers (two unpacks); the int32
- * sums come out with columns in 128-bit lanes transposed, put back by four
- * shuffles per block of 32 rows. */
-__attribute__((target("avx512vnni")))
-static void cyf_i8q_gemv_block_vnni(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
-                                    ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
-{
-    const signed char *Wd = (const signed char *)W->data + k0 * W->ld + c0;
-    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB;
-    if (nblk == 0 || cw <= 0) {
-        for (ptrdiff_t j = 0; j < cw; j++)
-            partial[j] = 0.0f;
-        return;
-    }
-    signed char q[nblk * CYF_QB];
-    float d[nblk];
-    int sum4[nblk * (CYF_QB / 4)], bsum[nblk];
-    cyf_q8_row(x + k0, kb, q, d, sum4);
-    for (ptrdiff_t b = 0; b < nblk; b++) {
-        bsum[b] = 0;
-        for (int l = 0; l < CYF_QB / 4; l++)
-            bsum[b] += sum4[b * (CYF_QB / 4) + l];
-    }
-    /* the block into L2 row by row first: the loop below walks down columns */
-    for (ptrdiff_t k = 0; k < kb; k++)
-        for (ptrdiff_t j = 0; j < cw; j += 64)
-            __builtin_prefetch(Wd + k * ld + j, 0, 2);
-    const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
-    ptrdiff_t j = 0;
-    for (; j + 64 <= cw; j += 64) {
-        __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
-        for (ptrdiff_t b = 0; b < nblk; b++) {
-            __m512i e = zero, f = zero, g = zero, h = zero;
-            const ptrdiff_t kn = kb - b * CYF_QB < CYF_QB ? kb - b * CYF_QB : CYF_QB;
-            for (ptrdiff_t kk = 0; kk < kn; kk += 4) {
-                const signed char *w = Wd + (b * CYF_QB + kk) * ld + j;
-                const __m512i r0 = _mm512_xor_si512(_mm512_loadu_si512(w), flip);
-                const __m512i r1 = kk + 1 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + ld), flip) : zero;
-                const __m512i r2 = kk + 2 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + 2 * ld), flip) : zero;
-                const __m512i r3 = kk + 3 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + 3 * ld), flip) : zero;
-                const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
-                const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
-                int q4;
-                memcpy(&q4, q + b * CYF_QB + kk, 4);
-                const __m512i qq = _mm512_set1_epi32(q4);
-                e = _mm512_dpbusd_epi32(e, _mm512_unpacklo_epi16(lo01, lo23), qq);
-                f = _mm512_dpbusd_epi32(f, _mm512_unpackhi_epi16(lo01, lo23), qq);
-                g = _mm512_dpbusd_epi32(g, _mm512_unpacklo_epi16(hi01, hi23), qq);
-                h = _mm512_dpbusd_epi32(h, _mm512_unpackhi_epi16(hi01, hi23), qq);
-            }
-            /* e, f, g, h hold columns 16L + (0-3, 4-7, 8-11, 12-15) in 128-bit
-             * lane L: a 4 x 4 transpose of lanes puts columns in order */
-            const __m512i t0 = _mm512_shuffle_i32x4(e, f, 0x44), t1 = _mm512_shuffle_i32x4(g, h, 0x44);
-            const __m512i t2 = _mm512_shuffle_i32x4(e, f, 0xEE), t3 = _mm512_shuffle_i32x4(g, h, 0xEE);
-            const __m512i c = _mm512_set1_epi32(bsum[b]);
-            const __m512 db = _mm512_set1_ps(d[b]);
-            f0 = _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0x88), c)), f0);
-            f1 = _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0xDD), c)), f1);
-            f2 = _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0x88), c)), f2);
-            f3 = _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0xDD), c)), f3);
-        }
-        _mm512_storeu_ps(partial + j, f0);
-        _mm512_storeu_ps(partial + j + 16, f1);
-        _mm512_storeu_ps(partial + j + 32, f2);
-        _mm512_storeu_ps(partial + j + 48, f3);
-    }
-    if (j < cw) {  /* the last columns through the generic loops: the same integers, the same roundings */
-        cyf_wt rest = *W;
-        rest.data = (const signed char *)W->data + j;
-        cyf_i8q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
-    }
-}
 
-
-/* cyf_i8q_gemv_block_vnni for nr rows of x (the batched decode step): each
- * interleaved group of 4 weight rows serves up to 4 rows of x from
- * registers; every row's arithmetic is the one-row kernel's, so its
- * partial sums are the same bits. */
-__attribute__((target("avx512vnni")))
-static void cyf_i8q_gemv_block_rows_vnni(float *partial, ptrdiff_t ldp, const float *x, ptrdiff_t ldx, int nr,
-                                         const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw)
-{
-    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB;
-    if (nblk == 0 || cw <= 0 || nr <= 0) {
-        for (int r = 0; r < nr; r++)
-            for (ptrdiff_t j = 0; j < cw; j++)
-                partial[r * ldp + j] = 0.0f;
-        return;
-    }
-    const signed char *Wd = (const signed char *)W->data + k0 * ld + c0;
-    signed char q[nr * nblk * CYF_QB];
-    float d[nr * nblk];
-    int bsum[nr * nblk], sum4[nblk * (CYF_QB / 4)];
-    for (int r = 0; r < nr; r++) {
-        cyf_q8_row(x + r * ldx + k0, kb, q + r * nblk * CYF_QB, d + r * nblk, sum4);
-        for (ptrdiff_t b = 0; b < nblk; b++) {
-            bsum[r * nblk + b] = 0;
-            for (int l = 0; l < CYF_QB / 4; l++)
-                bsum[r * nblk + b] += sum4[b * (CYF_QB / 4) + l];
-        }
-    }
-    for (ptrdiff_t k = 0; k < kb; k++)
-        for (ptrdiff_t j = 0; j < cw; j += 64)
-            __builtin_prefetch(Wd + k * ld + j, 0, 2);
-    const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
-    ptrdiff_t j = 0;
-    for (; j + 64 <= cw; j += 64)
-        for (ptrdiff_t b = 0; b < nblk; b++) {
-            const ptrdiff_t kn = kb - b * CYF_QB < CYF_QB ? kb - b * CYF_QB : CYF_QB;
-            for (int r0 = 0; r0 < nr; r0 += 4) {
-                const int m = nr - r0 < 4 ? nr - r0 : 4;
-                __m512i e[4], f[4], g[4], h[4];
-                for (int r = 0; r < 4; r++)
-                    e[r] = f[r] = g[r] = h[r] = zero;
-                for (ptrdiff_t kk = 0; kk < kn; kk += 4) {
-                    const signed char *w = Wd + (b * CYF_QB + kk) * ld + j;
-                    const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(w), flip);
-                    const __m512i w1 = kk + 1 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + ld), flip) : zero;
-                    const __m512i w2 = kk + 2 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + 2 * ld), flip) : zero;
-                    const __m512i w3 = kk + 3 < kn ? _mm512_xor_si512(_mm512_loadu_si512(w + 3 * ld), flip) : zero;
-                    const __m512i lo01 = _mm512_unpacklo_epi8(w0, w1), hi01 = _mm512_unpackhi_epi8(w0, w1);
-                    const __m512i lo23 = _mm512_unpacklo_epi8(w2, w3), hi23 = _mm512_unpackhi_epi8(w2, w3);
-                    const __m512i ve = _mm512_unpacklo_epi16(lo01, lo23), vf = _mm512_unpackhi_epi16(lo01, lo23);
-                    const __m512i vg = _mm512_unpacklo_epi16(hi01, hi23), vh = _mm512_unpackhi_epi16(hi01, hi23);
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) {
-                        if (r < m) {
-                            int q4;
-                            memcpy(&q4, q + ((r0 + r) * nblk + b) * CYF_QB + kk, 4);
-                            const __m512i qq = _mm512_set1_epi32(q4);
-                            e[r] = _mm512_dpbusd_epi32(e[r], ve, qq);
-                            f[r] = _mm512_dpbusd_epi32(f[r], vf, qq);
-                            g[r] = _mm512_dpbusd_epi32(g[r], vg, qq);
-                            h[r] = _mm512_dpbusd_epi32(h[r], vh, qq);
-                        }
-                    }
-                }
-                for (int r = 0; r < m; r++) {
-                    float *pr = partial + (r0 + r) * ldp + j;
-                    const __m512i t0 = _mm512_shuffle_i32x4(e[r], f[r], 0x44), t1 = _mm512_shuffle_i32x4(g[r], h[r], 0x44);
-                    const __m512i t2 = _mm512_shuffle_i32x4(e[r], f[r], 0xEE), t3 = _mm512_shuffle_i32x4(g[r], h[r], 0xEE);
-                    const __m512i c = _mm512_set1_epi32(bsum[(r0 + r) * nblk + b]);
-                    const __m512 db = _mm512_set1_ps(d[(r0 + r) * nblk + b]);
-                    const __m512 z = _mm512_setzero_ps();
-                    const __m512 a0 = b ? _mm512_loadu_ps(pr) : z, a1 = b ? _mm512_loadu_ps(pr + 16) : z;
-                    const __m512 a2 = b ? _mm512_loadu_ps(pr + 32) : z, a3 = b ? _mm512_loadu_ps(pr + 48) : z;
-                    _mm512_storeu_ps(pr, _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(
-                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0x88), c)), a0));
-                    _mm512_storeu_ps(pr + 16, _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(
-                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0xDD), c)), a1));
-                    _mm512_storeu_ps(pr + 32, _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(
-                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0x88), c)), a2));
-                    _mm512_storeu_ps(pr + 48, _mm512_fmadd_ps(db, _mm512_cvtepi32_ps(
-                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0xDD), c)), a3));
-                }
-            }
-        }
-    if (j < cw) {  /* the last columns row by row through the generic loops, as the one-row kernel */
-        cyf_wt rest = *W;
-        rest.data = (const signed char *)W->data + j;
-        float tmp[cw - j];
-        for (int r = 0; r < nr; r++)
-            cyf_i8q_gemv_block_generic(partial + r * ldp + j, x + r * ldx, &rest, k0, kb, c0, cw - j, 0, tmp);
-    }
-}
 
 /* int4 with AVX512-VNNI: 4 row pairs interleaved as int8's 4 rows give each
  * lane 4 bytes of one output, i.e. inputs 2P .. 2P + 7 of 4 pairs; the low
@@ -826,15 +626,13 @@ static void cyf_i8q_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrd
 #define CYF_HAVE_VNNI_KERNELS 0
 #endif
 
-/* ---- int8 and int4 [K, N] times int8 activations with AVX2 ---------------
+/* ---- int8 [N, K] and int4 [K, N] times int8 activations with AVX2 --------
  * vpmaddubsw multiplies unsigned by signed bytes into 16-bit pair sums,
  * vpmaddwd adds the pairs into int32 lanes: 4 products per lane, as
  * vpdpbusd.  int8 weights are taken as |w| against the codes with w's sign
  * (vpsignb), so a pair sum is at most 2 * 128 * 127 < 2^15: exact, no
  * saturation.  int4's nibbles are q + 8 already unsigned (8 * the codes'
- * sum taken off, as with VNNI).  Rows are interleaved 4 at a time as in
- * the VNNI kernels; a 256-bit register holds 32 columns, put back in order
- * by 128-bit lane permutes.  The same integers and roundings as the
+ * sum taken off, as with VNNI).  The same integers and roundings as the
  * generic loops, so the same bits.  Compiled for AVX2 and FMA function by
  * function, so every build of the x86-64 levels carries them; chosen at
  * run time when the CPU has AVX2 but no AVX512-VNNI. */
@@ -842,67 +640,41 @@ static void cyf_i8q_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrd
 #define CYF_HAVE_AVX2_KERNELS 1
 #include <immintrin.h>
 
+/* int8 [N, K]: a 64-byte run of a row is two 256-bit registers, lanes 0-7
+ * and 8-15 of cyf_i8q_dot_t_generic; its last, partial run is copied into
+ * a zeroed buffer (no read past the row).  Lanes summed in its tree. */
 __attribute__((target("avx2,fma")))
-static void cyf_i8q_gemv_block_avx2(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
-                                    ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
+static void cyf_i8q_dot_t_avx2(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
 {
-    const signed char *Wd = (const signed char *)W->data + k0 * W->ld + c0;
-    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB;
-    if (nblk == 0 || cw <= 0) {
-        for (ptrdiff_t j = 0; j < cw; j++)
-            partial[j] = 0.0f;
-        return;
-    }
-    signed char q[nblk * CYF_QB];
-    float d[nblk];
-    cyf_q8_row(x + k0, kb, q, d, NULL);
-    for (ptrdiff_t k = 0; k < kb; k++)
-        for (ptrdiff_t j = 0; j < cw; j += 64)
-            __builtin_prefetch(Wd + k * ld + j, 0, 2);
-    const __m256i zero = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);
-    ptrdiff_t j = 0;
-    for (; j + 32 <= cw; j += 32) {
-        __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
-        for (ptrdiff_t b = 0; b < nblk; b++) {
-            __m256i e = zero, f = zero, g = zero, h = zero;
-            const ptrdiff_t kn = kb - b * CYF_QB < CYF_QB ? kb - b * CYF_QB : CYF_QB;
-            for (ptrdiff_t kk = 0; kk < kn; kk += 4) {
-                const signed char *w = Wd + (b * CYF_QB + kk) * ld + j;
-                const __m256i r0 = _mm256_loadu_si256((const __m256i *)w);
-                const __m256i r1 = kk + 1 < kn ? _mm256_loadu_si256((const __m256i *)(w + ld)) : zero;
-                const __m256i r2 = kk + 2 < kn ? _mm256_loadu_si256((const __m256i *)(w + 2 * ld)) : zero;
-                const __m256i r3 = kk + 3 < kn ? _mm256_loadu_si256((const __m256i *)(w + 3 * ld)) : zero;
-                const __m256i lo01 = _mm256_unpacklo_epi8(r0, r1), hi01 = _mm256_unpackhi_epi8(r0, r1);
-                const __m256i lo23 = _mm256_unpacklo_epi8(r2, r3), hi23 = _mm256_unpackhi_epi8(r2, r3);
-                const __m256i ve = _mm256_unpacklo_epi16(lo01, lo23), vf = _mm256_unpackhi_epi16(lo01, lo23);
-                const __m256i vg = _mm256_unpacklo_epi16(hi01, hi23), vh = _mm256_unpackhi_epi16(hi01, hi23);
-                int q4;
-                memcpy(&q4, q + b * CYF_QB + kk, 4);
-                const __m256i qq = _mm256_set1_epi32(q4);
-#define CYF_DP4(ACC, V) ACC = _mm256_add_epi32(ACC, _mm256_madd_epi16(                                  \
-                    _mm256_maddubs_epi16(_mm256_abs_epi8(V), _mm256_sign_epi8(qq, V)), ones))
-                CYF_DP4(e, ve);
-                CYF_DP4(f, vf);
-                CYF_DP4(g, vg);
-                CYF_DP4(h, vh);
-#undef CYF_DP4
+    const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, full = K / CYF_QP;
+    signed char q[(npair ? npair : 1) * CYF_QP];
+    float dl[(npair ? npair : 1) * 16];
+    cyf_q8_row_t(x, K, q, dl, NULL);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (ptrdiff_t j = 0; j < nw; j++) {
+        const signed char *w = (const signed char *)W->data + (a + j) * W->ld;
+        __m256 lo = _mm256_setzero_ps(), hi = lo;
+        for (ptrdiff_t p = 0; p < npair; p++) {
+            signed char tail[CYF_QP];
+            const signed char *wp = w + p * CYF_QP;
+            if (p == full) {
+                memset(tail, 0, sizeof tail);
+                memcpy(tail, wp, (size_t)(K - full * CYF_QP));
+                wp = tail;
             }
-            /* e, f, g, h hold columns 16L + (0-3, 4-7, 8-11, 12-15) in 128-bit lane L */
-            const __m256 db = _mm256_set1_ps(d[b]);
-            f0 = _mm256_fmadd_ps(db, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(e, f, 0x20)), f0);
-            f1 = _mm256_fmadd_ps(db, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(g, h, 0x20)), f1);
-            f2 = _mm256_fmadd_ps(db, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(e, f, 0x31)), f2);
-            f3 = _mm256_fmadd_ps(db, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(g, h, 0x31)), f3);
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)wp);
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32));
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP));
+            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP + 32));
+            const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(q0, w0)), ones);
+            const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(q1, w1)), ones);
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16), _mm256_cvtepi32_ps(s0), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16 + 8), _mm256_cvtepi32_ps(s1), hi);
         }
-        _mm256_storeu_ps(partial + j, f0);
-        _mm256_storeu_ps(partial + j + 8, f1);
-        _mm256_storeu_ps(partial + j + 16, f2);
-        _mm256_storeu_ps(partial + j + 24, f3);
-    }
-    if (j < cw) {  /* the last columns through the generic loops: the same integers, the same roundings */
-        cyf_wt rest = *W;
-        rest.data = (const signed char *)W->data + j;
-        cyf_i8q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
+        const __m256 s8 = _mm256_add_ps(lo, hi);  /* cyf_lanes16_sum's tree */
+        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        acc[j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
     }
 }
 
@@ -1621,11 +1393,11 @@ static cyf_format cyf_formats[] = {
     {"float32", "float32 FMA", 0, 1, cyf_f32_gemv_block, cyf_f32_gemv_block_rows, cyf_f32_dot_t, cyf_f32_dot_t_rows,
      cyf_f32_pack_run, cyf_f32_pack_t},
     {"bfloat16", "widened to float32, FMA", 0, 0, cyf_bf16_gemv_block, NULL, cyf_bf16_dot_t, NULL, cyf_bf16_pack_run, cyf_bf16_pack_t},
-    {"int8", "int8 activations in decode and prefill, generic integer loops", 1, 0, cyf_i8q_gemv_block_generic, NULL,
-     cyf_i8q_dot_t_generic, NULL, cyf_i8_pack_run, cyf_i8_pack_t},
+    /* always [N, K] (rows_out): no [K, N] kernels */
+    {"int8", "int8 activations in decode and prefill, generic integer loops", 1, 0, NULL, NULL,
+     cyf_i8q_dot_t_generic, NULL, NULL, cyf_i8_pack_t},
     {"int4", "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA", 0, 0,
      cyf_i4q_gemv_block_generic, NULL, cyf_i4_dot_t, NULL, cyf_i4_pack_run, cyf_i4_pack_t},
-    /* always [N, K] (rows_out): no [K, N] kernels */
     {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t_generic,
      cyf_q80_dot_t_rows, NULL, cyf_q80_pack_t},
     {"q4_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q40_dot_t_generic,
@@ -1702,8 +1474,6 @@ static inline int cyf_formats_select(int features)
     cyf_q80_select(CYF_HAVE_VNNI_KERNELS && (features & 1));
     if (CYF_HAVE_VNNI_KERNELS && (features & 1)) {
 #if CYF_HAVE_VNNI_KERNELS
-        i8->gemv_block = cyf_i8q_gemv_block_vnni;
-        i8->gemv_block_rows = cyf_i8q_gemv_block_rows_vnni;
         i8->dot_t = cyf_i8q_dot_t_vnni;
         i8->dot_t_rows = cyf_i8q_dot_t_rows_vnni;
         i8->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
@@ -1715,8 +1485,6 @@ static inline int cyf_formats_select(int features)
 #endif
         return bf16 | 1;
     }
-    i8->gemv_block = cyf_i8q_gemv_block_generic;
-    i8->gemv_block_rows = NULL;
     i8->dot_t = cyf_i8q_dot_t_generic;
     i8->dot_t_rows = NULL;
     i8->kernels = "int8 activations in decode and prefill, generic integer loops";
@@ -1727,10 +1495,9 @@ static inline int cyf_formats_select(int features)
     i4->kernels = "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA";
     if (CYF_HAVE_AVX2_KERNELS && (features & 4)) {
 #if CYF_HAVE_AVX2_KERNELS
-        i8->gemv_block = cyf_i8q_gemv_block_avx2;
+        i8->dot_t = cyf_i8q_dot_t_avx2;
         i8->qgemm = &cyf_i8_qgemm_avx2;
-        i8->kernels = "int8 activations in decode and prefill; decode [K, N] and prefill: AVX2 vpmaddubsw + vpmaddwd, "
-                      "decode [N, K]: generic integer loops";
+        i8->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
         i4->gemv_block = cyf_i4q_gemv_block_avx2;
         i4->qgemm = &cyf_i4_qgemm_avx2;
         cyf_formats[5].qgemm = &cyf_q40_qgemm_avx2;

@@ -83,9 +83,12 @@ cdef enum:
     # column ranges each (the same sums, in smaller work items).
     GEMV_TAIL_BLOCKS = 2
     GEMV_TAIL_PIECES = 4
-    # Outputs per work item when W is [N, K] (contiguous rows): 1.5 MB of a
-    # d_model-768 unembedding.
+    # Outputs per work item when W is [N, K] (contiguous rows): at most 1.5 MB
+    # of a d_model-768 unembedding, and at least GEMV_T_ITEMS items per
+    # thread, in multiples of 16 outputs, so a 768-output block matrix (int8,
+    # q8_0) is not split 512 / 256 between two threads.
     GEMV_T_ROWS = 512
+    GEMV_T_ITEMS = 4
     # Several rows of x at once: columns per piece of a [K, N] block (64 x 512
     # floats, 128 KB, stay in L2 while every row reads them), and rows of an
     # [N, K] matrix per piece.

@@ -313,11 +313,15 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
     cdef float* p0
     cdef const float* pb
     if W.t:  # W [N, K]: a range of outputs already is a contiguous run
-        nb = (N + GEMV_T_ROWS - 1) // GEMV_T_ROWS
+        # outputs are independent dot products: the split never changes a bit
+        pw = (N + GEMV_T_ITEMS * team.size - 1) // (GEMV_T_ITEMS * team.size)
+        pw = (pw + 15) // 16 * 16
+        pw = GEMV_T_ROWS if pw > GEMV_T_ROWS else pw
+        nb = (N + pw - 1) // pw
         blk = cyf_next_item(counter)
         while blk < nb:
-            c0 = blk * GEMV_T_ROWS
-            c1 = N if N < c0 + GEMV_T_ROWS else c0 + GEMV_T_ROWS
+            c0 = blk * pw
+            c1 = N if N < c0 + pw else c0 + pw
             if B == 1:
                 gemv_cols(out, x, W, b, K, N, c0, c1, act, accumulate, acc)
             elif W.f.dot_t_rows != NULL and B >= GEMV_TILE_ROWS:

@@ -8,9 +8,11 @@
  * CYF_QB inputs.  The float arithmetic is the matrix-vector path's, term by
  * term: for each run of bpp blocks (linalg's GEMV_ROWS rows) a partial sum
  * p = fma(d_b, isum_b, p) from 0 in block order (int4: (d_b * s_b) first),
- * the partials added in order.  So a row's outputs are bitwise those of the
- * decode kernels and of backends/numpy_ref's q8_matvec / q4_matvec, whether
- * it went through the GEMM or the matrix-vector path, on any CPU. */
+ * the partials added in order: backends/numpy_ref's q8_matvec /
+ * grouped_matvec, bit for bit on any CPU.  That is int4 [K, N]'s decode
+ * order too; int8 and the GGUF records decode a row per output in lanes
+ * (q8_matvec_t, q8_0_matvec), the same integer products summed in another
+ * float order. */
 #ifndef CYFORMER_QGEMM_H
 #define CYFORMER_QGEMM_H
 
@@ -75,21 +77,6 @@ static inline void cyf_qpanel_clear(unsigned char *panel, ptrdiff_t K, ptrdiff_t
     }
 }
 
-static void cyf_i8_qpack(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw)
-{
-    (void)N;
-    const ptrdiff_t sb = cyf_qstrip_bytes(K), nstr = (pw + CYF_QNR - 1) / CYF_QNR;
-    cyf_qpanel_clear(panel, K, nstr);
-    for (ptrdiff_t k = 0; k < K; k++) {
-        const signed char *row = (const signed char *)W->data + k * W->ld + n0;
-        for (ptrdiff_t s = 0; s < nstr; s++) {
-            unsigned char *dst = cyf_qstrip_code(panel + s * sb, k, 0);
-            const ptrdiff_t nc = pw - s * CYF_QNR < CYF_QNR ? pw - s * CYF_QNR : CYF_QNR;
-            for (ptrdiff_t j = 0; j < nc; j++)
-                dst[4 * j] = (unsigned char)(row[s * CYF_QNR + j] + 128);
-        }
-    }
-}
 
 /* W [N, K]: output n's 4 consecutive codes are 4 consecutive bytes of its row. */
 static void cyf_i8_qpack_t(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw)
@@ -223,7 +210,7 @@ static void cyf_i4_qtile_generic(float *c, const signed char *q, const float *d,
     cyf_qtile_generic_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
 }
 
-static const cyf_qgemm cyf_i8_qgemm_generic = {cyf_i8_qpack, cyf_i8_qtile_generic, cyf_i8_qpack_t};
+static const cyf_qgemm cyf_i8_qgemm_generic = {NULL, cyf_i8_qtile_generic, cyf_i8_qpack_t};
 static const cyf_qgemm cyf_i4_qgemm_generic = {cyf_i4_qpack, cyf_i4_qtile_generic, NULL};
 
 #if CYF_HAVE_VNNI_KERNELS
@@ -314,7 +301,7 @@ static void cyf_i4_qtile_vnni(float *c, const signed char *q, const float *d, co
 
 /* Packing 64 columns by 4 inputs at a time: the rows interleaved by two
  * unpacks (columns 16L + 0-3, 4-7, 8-11, 12-15 in 128-bit lane L of four
- * vectors, as in cyf_i8q_gemv_block_vnni), then a 4 x 4 transpose of lanes
+ * vectors, as in cyf_i4q_gemv_block_vnni), then a 4 x 4 transpose of lanes
  * puts 16 consecutive columns in each vector.  The same bytes as the
  * generic packing. */
 __attribute__((target("avx512vnni"), always_inline))
@@ -372,20 +359,13 @@ static inline void cyf_qpack_vnni_(unsigned char *panel, const cyf_wt *W, ptrdif
 }
 
 __attribute__((target("avx512vnni")))
-static void cyf_i8_qpack_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
-                              ptrdiff_t pw)
-{
-    cyf_qpack_vnni_(panel, W, K, N, n0, pw, 0);
-}
-
-__attribute__((target("avx512vnni")))
 static void cyf_i4_qpack_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
                               ptrdiff_t pw)
 {
     cyf_qpack_vnni_(panel, W, K, N, n0, pw, 1);
 }
 
-static const cyf_qgemm cyf_i8_qgemm_vnni = {cyf_i8_qpack_vnni, cyf_i8_qtile_vnni, cyf_i8_qpack_t};
+static const cyf_qgemm cyf_i8_qgemm_vnni = {NULL, cyf_i8_qtile_vnni, cyf_i8_qpack_t};
 static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qpack_vnni, cyf_i4_qtile_vnni, NULL};
 /* GGUF's records: int4's grouped tile (their codes fit it); always [N, K] */
 static const cyf_qgemm cyf_q80_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_q80_qpack_t};
@@ -486,7 +466,7 @@ static void cyf_i4_qtile_avx2(float *c, const signed char *q, const float *d, co
     cyf_qtile_avx2_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
 }
 
-static const cyf_qgemm cyf_i8_qgemm_avx2 = {cyf_i8_qpack, cyf_i8_qtile_avx2, cyf_i8_qpack_t};
+static const cyf_qgemm cyf_i8_qgemm_avx2 = {NULL, cyf_i8_qtile_avx2, cyf_i8_qpack_t};
 static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qpack, cyf_i4_qtile_avx2, NULL};
 /* q4_0's codes fit int4's 16-bit block sums; q8_0's do not (|w| up to 127) */
 static const cyf_qgemm cyf_q40_qgemm_avx2 = {NULL, cyf_i4_qtile_avx2, cyf_q40_qpack_t};

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import cyformer
-from cyformer.formats import FORMATS, Packed, dequantize, quantize
+from cyformer.formats import FORMATS, TABLE, Packed, dequantize, quantize
 from cyformer.kernels import linalg, mlp
 
 PACKED = ("bfloat16", "int8", "int4")  # q8_0 and q4_0 need inputs in whole blocks of 32: their own tests below
@@ -70,14 +70,15 @@ def _reference(w, fmt, transposed):
     """(data, scale) of int8 / int4 by the formula, on the whole matrix in
     float64: scale = max |w| / qmax (per output, or per output and group of
     32 inputs) in float32, code = rint(w / scale) clipped (w / 1 where the
-    scale is 0 or NaN), int4 codes paired along the inputs as nibbles + 8."""
+    scale is 0 or NaN), int4 codes paired along the inputs as nibbles + 8;
+    int8 codes a row per output whatever the orientation."""
     x = (w.T if transposed else w).astype(np.float64)  # [K, N]: outputs last
     K, N = x.shape
     if fmt == "int8":
         scale = (np.abs(x).max(axis=0) / 127).astype(np.float32)
         div = np.where(scale > 0, scale, 1).astype(np.float64)
         q = np.clip(np.rint(x / div), -127, 127).astype(np.int8)
-        return (q.T if transposed else q), scale
+        return np.ascontiguousarray(q.T), scale                            # a row per output (rows_out)
     ng = -(-K // 32)
     g = np.zeros((ng * 32, N))
     g[:K] = x
@@ -243,6 +244,16 @@ def test_load_converts_from_the_file_a_step_at_a_time(tmp_path, rng, monkeypatch
         assert not got.data.flags.writeable
 
 
+def _int8_reference(x, p):
+    """x [T, K] times an int8 Packed (data a row per output in either
+    orientation) as the kernels sum it: decode (T < 4) in 16 lanes a row of
+    W (q8_matvec_t), the integer GEMM in row blocks of 64 (q8_matvec)."""
+    from cyformer.backends.numpy_ref import q8_matvec, q8_matvec_t
+    if len(x) < 4:
+        return np.stack([q8_matvec_t(r, p.data, p.scale) for r in x])
+    return np.stack([q8_matvec(r, p.data.T, p.scale, 64) for r in x])
+
+
 @pytest.mark.parametrize("fmt", PACKED)
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("T", [1, 2, 3, 7, 30])
@@ -256,24 +267,18 @@ def test_linear_matches_numpy_on_dequantized_weights(rng, fmt, transposed, T, th
     Wd = p.dequantize().astype(np.float64)
     ref = x.astype(np.float64) @ (Wd.T if transposed else Wd) + b
     got = linalg.linear_forward(x, p, b, w_transposed=transposed, threads=threads)
-    if fmt in ("int8", "int4") and not transposed:  # int8 activations, matrix-vector path and GEMM alike
-        from cyformer.backends.numpy_ref import q4_matvec, q8_matvec
-        ref = np.stack([q8_matvec(r, p.data, p.scale, 64) if fmt == "int8" else q4_matvec(r, p.data, p.scale, 64)
-                        for r in x]).astype(np.float64) + b
+    if fmt == "int8":  # int8 activations, either orientation (a row per output)
+        ref = _int8_reference(x, p).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)  # the bias added (maybe fused) after
-    elif fmt == "int8" and T < 4:  # the unembedding's matrix-vector path: int8 activations too
-        from cyformer.backends.numpy_ref import q8_matvec_t
-        ref = np.stack([q8_matvec_t(r, p.data, p.scale) for r in x]).astype(np.float64) + b
+    elif fmt == "int4" and not transposed:  # int8 activations, matrix-vector path and GEMM alike
+        from cyformer.backends.numpy_ref import q4_matvec
+        ref = np.stack([q4_matvec(r, p.data, p.scale, 64) for r in x]).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     elif fmt == "bfloat16" and T < 4 and linalg.select_format_kernels()["avx512_bf16"]:
         # matrix-vector with AVX512-BF16: bf16 activations, vdpbf16ps
         from cyformer.backends.numpy_ref import bf16dp_dot_t, bf16dp_matvec
         ref = np.stack([bf16dp_dot_t(r, p.data) if transposed else bf16dp_matvec(r, p.data, 64)
                         for r in x]).astype(np.float64) + b
-        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
-    elif fmt == "int8":  # and its integer GEMM: q8_matvec's sums of the transposed codes
-        from cyformer.backends.numpy_ref import q8_matvec
-        ref = np.stack([q8_matvec(r, np.ascontiguousarray(p.data.T), p.scale, 64) for r in x]).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     else:
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
@@ -289,11 +294,12 @@ def test_mlp_and_embedding_take_packed_weights(rng, fmt):
     W_out = quantize(rng.standard_normal((F, C)).astype(np.float32) / 10, fmt)
     got = mlp.mlp_forward(x, W_in, None, W_out, None, activation="swiglu")
     if fmt in ("int8", "int4"):  # int8 activations: each product is the q8 reference's
-        from cyformer.backends.numpy_ref import q4_matvec, q8_matvec
+        from cyformer.backends.numpy_ref import q4_matvec
 
         def prod(a, W):
-            return np.stack([q8_matvec(r, W.data, W.scale, 64) if fmt == "int8" else q4_matvec(r, W.data, W.scale, 64)
-                             for r in a]).astype(np.float64)
+            if fmt == "int8":
+                return _int8_reference(a, W).astype(np.float64)
+            return np.stack([q4_matvec(r, W.data, W.scale, 64) for r in a]).astype(np.float64)
         h = prod(x, W_in)
         post = (h[:, :F] / (1 + np.exp(-h[:, :F])) * h[:, F:]).astype(np.float32)
         # a hidden value a rounding away from a code's half step may take the
@@ -515,6 +521,34 @@ def _edit_saved(path, edit):
         f.write(len(raw).to_bytes(8, "little") + raw + data)
 
 
+def test_int8_saved_before_rows_out_still_loads(tmp_path):
+    """A file written when int8 block matrices were stored [K, N] (no
+    cyformer.rows_out key) loads as today's a-row-per-output arrays, the
+    same model bit for bit."""
+    from safetensors.numpy import load_file
+
+    from cyformer.saving import write_safetensors
+    from cyformer.weights import SAVED_ROWS_OUT_KEY, TRANSPOSED
+
+    m = cyformer.load(dtype="int8")
+    out = m.save(tmp_path / "new")
+    p = os.path.join(out, "model.safetensors")
+    with open(p, "rb") as f:
+        meta = json.loads(f.read(int.from_bytes(f.read(8), "little")))["__metadata__"]
+    assert meta[SAVED_ROWS_OUT_KEY].split(",") == [n for n, f in TABLE.items() if f.rows_out]
+    del meta[SAVED_ROWS_OUT_KEY]
+    tensors = load_file(p)
+    old = {n: (np.ascontiguousarray(a.T) if a.dtype == np.int8 and n not in TRANSPOSED else a)
+           for n, a in tensors.items()}
+    assert sum(a.dtype == np.int8 and n not in TRANSPOSED for n, a in old.items()) == 4 * m.config.n_layer
+    write_safetensors(p, old, meta)
+    again = cyformer.load(out)
+    w = again.weights.blocks[0].c_fc.weight
+    assert w.data.shape == (w.shape[1], w.shape[0]) and w.data.flags.c_contiguous
+    ids = np.arange(1, 40)
+    assert np.array_equal(again.forward(ids), m.forward(ids))
+
+
 def test_int4_keeps_the_embedding_in_int8(tmp_path):
     m = cyformer.load(dtype="int4")
     assert m.dtype == "int4" and m.weights.wte.fmt == "int8" and m.weights.wte.transposed
@@ -643,15 +677,19 @@ def test_q8_activation_rule():
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (96, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_int8_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
-    from cyformer.backends.numpy_ref import q8_matvec
+    """A block matrix W [K, N] holds its int8 codes a row per output
+    (rows_out), so decode runs the unembedding's kernels on it: each row of
+    x against numpy_ref.q8_matvec_t bit for bit."""
+    from cyformer.backends.numpy_ref import q8_matvec_t
     linalg.select_format_kernels(int8_variant)
     W = quantize(rng.standard_normal((K, N)).astype(np.float32), "int8")
+    assert W.data.shape == (N, K) and W.data.flags.c_contiguous
     x = rng.standard_normal((3, K)).astype(np.float32)
     x[2, :min(K, 40)] *= 1e-3  # blocks of very different scales
     for T in (1, 2, 3):
         got = linalg.linear_forward(x[:T], W, threads=threads)
         for t in range(T):
-            want = q8_matvec(x[t], W.data, W.scale, 64)  # linalg's GEMV_ROWS
+            want = q8_matvec_t(x[t], W.data, W.scale)
             np.testing.assert_array_equal(got[t].view(np.uint32), want.view(np.uint32))
         # and within the bounds of float arithmetic on the dequantized weights
         np.testing.assert_allclose(got, x[:T] @ W.dequantize(), rtol=0.05, atol=0.05 * np.sqrt(K))
@@ -704,23 +742,30 @@ def test_int8_unembedding_is_the_q8_reference(rng, int8_variant, K, N, threads):
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_integer_gemm_rows_are_the_matvec_rows(rng, int8_variant, fmt, K, N, threads):
-    # prefill (T >= 4 rows: the integer GEMM) gives every row the bits of
-    # decode's matrix-vector product and of the q8 reference, so a row's
-    # logits do not depend on the path it took
+    # prefill (T >= 4 rows: the integer GEMM) sums each row as the q8
+    # reference's row blocks do; for int4 [K, N] that is decode's order too,
+    # so a row's logits do not depend on the path it took.  int8 decodes a
+    # row per output in lanes (q8_matvec_t): the same integer products, the
+    # float sums in another order, within a few roundings.
     from cyformer.backends.numpy_ref import q4_matvec, q8_matvec
     linalg.select_format_kernels(int8_variant)
     W = quantize(rng.standard_normal((K, N)).astype(np.float32), fmt)
     x = rng.standard_normal((23, K)).astype(np.float32)
     x[2, :min(K, 40)] *= 1e-3  # blocks of very different scales
     x[5] = 0.0                 # d = 0
-    ref = q8_matvec if fmt == "int8" else q4_matvec
-    want = np.stack([ref(r, W.data, W.scale, 64) for r in x])  # linalg's GEMV_ROWS
+    if fmt == "int8":
+        want = np.stack([q8_matvec(r, W.data.T, W.scale, 64) for r in x])  # linalg's GEMV_ROWS
+    else:
+        want = np.stack([q4_matvec(r, W.data, W.scale, 64) for r in x])
     for T in (4, 7, 23):  # tiles of 6 rows: one part-filled, one full and part-filled, several
         got = linalg.linear_forward(x[:T], W, threads=threads)
         np.testing.assert_array_equal(got.view(np.uint32), want[:T].view(np.uint32))
         for t in (0, T - 1):
             one = linalg.linear_forward(x[t:t + 1], W, threads=threads)
-            np.testing.assert_array_equal(got[t].view(np.uint32), one[0].view(np.uint32))
+            if fmt == "int8":  # float32 sums of up to K terms of either order: a few ulps of the largest
+                np.testing.assert_allclose(got[t], one[0], rtol=0, atol=1e-5 * np.abs(one[0]).max() + 1e-30)
+            else:
+                np.testing.assert_array_equal(got[t].view(np.uint32), one[0].view(np.uint32))
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
@@ -767,9 +812,10 @@ def test_integer_gemm_at_the_integer_limits(rng, int8_variant, fmt):
     linalg.select_format_kernels(int8_variant)
     K, N = 96, 70
     hi = rng.random((K, N)) < 0.5
-    if fmt == "int8":
-        W = Packed("int8", np.where(hi, 127, -128).astype(np.int8), np.full(N, 0.01, np.float32), (K, N), False)
-        W.data[:, :10] = -128
+    if fmt == "int8":  # codes a row per output
+        W = Packed("int8", np.ascontiguousarray(np.where(hi, 127, -128).astype(np.int8).T),
+                   np.full(N, 0.01, np.float32), (K, N), False)
+        W.data[:10] = -128
     else:
         codes = np.where(hi, 15, 0).astype(np.uint8)  # nibbles: w + 8
         codes[:, :10] = 0
@@ -778,8 +824,10 @@ def test_integer_gemm_at_the_integer_limits(rng, int8_variant, fmt):
     x = np.where(rng.random((9, K)) < 0.5, 1.0, -1.0).astype(np.float32)
     x[0] = 1.0
     x[1] = -1.0
-    ref = q8_matvec if fmt == "int8" else q4_matvec
-    want = np.stack([ref(r, W.data, W.scale, 64) for r in x])
+    if fmt == "int8":
+        want = np.stack([q8_matvec(r, W.data.T, W.scale, 64) for r in x])
+    else:
+        want = np.stack([q4_matvec(r, W.data, W.scale, 64) for r in x])
     got = linalg.linear_forward(x, W)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     np.testing.assert_allclose(got[:2, :10], np.broadcast_to(
@@ -863,8 +911,9 @@ def test_integer_gemm_of_int8_unembedding(rng, int8_variant, K, N, threads):
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_integer_gemm_epilogue_and_non_finite_rows(rng, int8_variant, fmt):
-    # bias, activation and accumulate as the matrix-vector path applies them;
-    # a NaN or infinity spoils its own row only
+    # bias, activation and accumulate as the matrix-vector path applies them
+    # (int8, whose decode sums in another order: as a GEMM of that row alone
+    # applies them); a NaN or infinity spoils its own row only
     linalg.select_format_kernels(int8_variant)
     K, N = 130, 200
     W = quantize(rng.standard_normal((K, N)).astype(np.float32) / 8, fmt)
@@ -876,8 +925,9 @@ def test_integer_gemm_epilogue_and_non_finite_rows(rng, int8_variant, fmt):
         base = rng.standard_normal((9, N)).astype(np.float32)
         got = linalg.linear_forward(x, W, b, out=base.copy() if "accumulate" in kw else None, threads=2, **kw)
         for t in range(9):
-            one = linalg.linear_forward(x[t:t + 1], W, b, out=base[t:t + 1].copy() if "accumulate" in kw else None,
-                                        threads=2, **kw)
+            n = 4 if fmt == "int8" else 1  # 4 rows: the GEMM
+            one = linalg.linear_forward(np.repeat(x[t:t + 1], n, axis=0), W, b, threads=2, **kw,
+                                        out=np.repeat(base[t:t + 1], n, axis=0) if "accumulate" in kw else None)
             np.testing.assert_array_equal(got[t].view(np.uint32), one[0].view(np.uint32))
     assert np.isnan(got[[3, 7]]).all() and np.isfinite(np.delete(got, [3, 7], axis=0)).all()
 
