@@ -33,8 +33,8 @@ cimport numpy as cnp
 from ._util cimport cptr, f32, wptr
 from .activations cimport ACT_NONE, ACT_SWIGLU
 from .attention cimport append_kv_head, attend_one, attend_one_scratch_size, rope_head
-from .linalg cimport (GEMV_COLS, Epilogue, Team, Wt, dequant_row, gemv_partials_size, gemv_team_rows,
-                      team_of, weights_of)
+from .linalg cimport (GEMV_COLS, Epilogue, Team, Wt, dequant_row, gemv_acc_size, gemv_partials_size,
+                      gemv_team_rows, team_of, weights_of)
 from .norm cimport norm_row
 from .simd cimport cyf_swiglu_n
 from .team cimport cyf_team_size, cyf_barrier
@@ -392,7 +392,9 @@ cdef class DecodeStep:
             nt = _checks.threads(fn, threads)
             NQ = (net.H + 2 * net.G) * D
             nshared = B * (C + NQ + net.H * D + 3 * F)
-            private_size = B * C + GEMV_COLS + attend_one_scratch_size(maxcap, D)
+            # acc, then either attention's scratch or x as an [N, K] matrix's format prepares it
+            private_size = B * C + max(GEMV_COLS + attend_one_scratch_size(maxcap, D),
+                                       gemv_acc_size(B, max(C, F, net.H * D)))
             n_in = 2 * F if net.act == ACT_SWIGLU else F
             npart = B * max(gemv_partials_size(C, NQ), gemv_partials_size(C, n_in),
                             gemv_partials_size(F, C), gemv_partials_size(net.H * D, C))

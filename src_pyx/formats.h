@@ -54,7 +54,19 @@ typedef struct cyf_format {
     /* the integer GEMM of W [K, N] (qgemm.h; set by cyf_formats_select).
      * NULL: the GEMM packs float32 panels (pack_run) */
     const struct cyf_qgemm *qgemm;
+    /* x prepared once per product for W [N, K] (int8: its codes, lane scales
+     * and corrections): prep_bytes(K) bytes a row of x, a multiple of 64 and
+     * at most CYF_PREP_FLOATS(K) floats; dot_tp_rows is dot_t_rows on
+     * prepared rows ldxp bytes apart.  NULL: linalg calls dot_t / dot_t_rows,
+     * which prepare x themselves on every call. */
+    ptrdiff_t (*prep_bytes)(ptrdiff_t K);
+    void (*prep)(void *xp, const float *x, ptrdiff_t K);
+    void (*dot_tp_rows)(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W, ptrdiff_t a,
+                        ptrdiff_t nw, ptrdiff_t K);
 } cyf_format;
+
+/* the most floats of scratch any format's prep takes for a row of K inputs */
+#define CYF_PREP_FLOATS(K) ((K) + 64)
 
 /* ---- float32 -------------------------------------------------------- */
 static void cyf_f32_gemv_block(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
@@ -279,39 +291,82 @@ static inline float cyf_lanes16_sum(const float *a)
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-static void cyf_i8q_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw,
-                                  ptrdiff_t K)
+/* The activations of one row of x prepared once per product (the row's
+ * `prep`, read by dot_tp_rows): codes q [npair * CYF_QP], lane scales dl
+ * [npair * 16], corrections corr [npair * 16], one after another, 192
+ * bytes per pair of blocks (a multiple of 64). */
+static ptrdiff_t cyf_i8q_prep_bytes(ptrdiff_t K)
+{
+    return (K + CYF_QP - 1) / CYF_QP * 192;
+}
+
+static void cyf_i8q_prep(void *xp, const float *x, ptrdiff_t K)
+{
+    const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP;
+    float *dl = (float *)((signed char *)xp + npair * CYF_QP);
+    cyf_q8_row_t(x, K, (signed char *)xp, dl, (int *)(dl + npair * 16));
+}
+
+#define CYF_I8Q_Q(xp) ((const signed char *)(xp))
+#define CYF_I8Q_DL(xp, npair) ((const float *)((const signed char *)(xp) + (npair) * CYF_QP))
+#define CYF_I8Q_CORR(xp, npair) ((const int *)(CYF_I8Q_DL(xp, npair) + (npair) * 16))
+
+/* dot_t of prepared rows (ldxp bytes apart), acc[j + r * nw]: the generic loops */
+static void cyf_i8q_dot_tp_rows_generic(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                        ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
 {
     const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, full = K / CYF_QP;
-    signed char q[(npair ? npair : 1) * CYF_QP];
-    float dl[(npair ? npair : 1) * 16];
-    cyf_q8_row_t(x, K, q, dl, NULL);
     for (ptrdiff_t j = 0; j < nw; j++) {
         const signed char *w = (const signed char *)W->data + (a + j) * W->ld;
-        float lane[16] = {0};
-        for (ptrdiff_t p = 0; p < full; p++) {
-            const signed char *qp = q + p * CYF_QP, *wp = w + p * CYF_QP;
-            for (int l = 0; l < 16; l++) {
-                const int s = qp[4 * l] * wp[4 * l] + qp[4 * l + 1] * wp[4 * l + 1]
-                            + qp[4 * l + 2] * wp[4 * l + 2] + qp[4 * l + 3] * wp[4 * l + 3];
-                lane[l] = __builtin_fmaf(dl[p * 16 + l], (float)s, lane[l]);
-            }
-        }
-        if (full < npair) {  /* the last, partial pair: no weight read past K */
-            const ptrdiff_t p = full;
-            for (int l = 0; l < 16; l++) {
-                int s = 0;
-                for (int i = 0; i < 4; i++) {
-                    const ptrdiff_t k = p * CYF_QP + 4 * l + i;
-                    if (k < K)
-                        s += q[k] * w[k];
+        for (int r = 0; r < nr; r++) {
+            const void *xr = (const unsigned char *)xp + r * ldxp;
+            const signed char *q = CYF_I8Q_Q(xr);
+            const float *dl = CYF_I8Q_DL(xr, npair);
+            float lane[16] = {0};
+            for (ptrdiff_t p = 0; p < full; p++) {
+                const signed char *qp = q + p * CYF_QP, *wp = w + p * CYF_QP;
+                for (int l = 0; l < 16; l++) {
+                    const int s = qp[4 * l] * wp[4 * l] + qp[4 * l + 1] * wp[4 * l + 1]
+                                + qp[4 * l + 2] * wp[4 * l + 2] + qp[4 * l + 3] * wp[4 * l + 3];
+                    lane[l] = __builtin_fmaf(dl[p * 16 + l], (float)s, lane[l]);
                 }
-                lane[l] = __builtin_fmaf(dl[p * 16 + l], (float)s, lane[l]);
             }
+            if (full < npair) {  /* the last, partial pair: no weight read past K */
+                const ptrdiff_t p = full;
+                for (int l = 0; l < 16; l++) {
+                    int s = 0;
+                    for (int i = 0; i < 4; i++) {
+                        const ptrdiff_t k = p * CYF_QP + 4 * l + i;
+                        if (k < K)
+                            s += q[k] * w[k];
+                    }
+                    lane[l] = __builtin_fmaf(dl[p * 16 + l], (float)s, lane[l]);
+                }
+            }
+            acc[r * nw + j] = cyf_lanes16_sum(lane);
         }
-        acc[j] = cyf_lanes16_sum(lane);
     }
 }
+
+/* dot_t and dot_t_rows through a prepared copy of x on the stack: for
+ * callers without the product's scratch (dot_tp_rows is linalg's path) */
+#define CYF_PREP_WRAPPERS(NAME, PREP_BYTES, PREP, TP_ROWS)                                                 \
+static void NAME##_dot_t(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K) \
+{                                                                                                        \
+    float xp[PREP_BYTES(K) / 4 + 16];                                                                    \
+    PREP(xp, x, K);                                                                                      \
+    TP_ROWS(acc, xp, 0, 1, W, a, nw, K);                                                                 \
+}                                                                                                        \
+static void NAME##_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W,          \
+                              ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)                                    \
+{                                                                                                        \
+    const ptrdiff_t lp = PREP_BYTES(K);                                                                  \
+    float xp[(nr > 0 ? nr : 1) * (lp / 4) + 16];                                                         \
+    for (int r = 0; r < nr; r++)                                                                         \
+        PREP((unsigned char *)xp + r * lp, x + r * ldx, K);                                              \
+    TP_ROWS(acc, xp, lp, nr, W, a, nw, K);                                                               \
+}
+CYF_PREP_WRAPPERS(cyf_i8q_generic, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp_rows_generic)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define CYF_HAVE_VNNI_KERNELS 1
@@ -517,14 +572,15 @@ static void cyf_i4q_gemv_block_rows_vnni(float *partial, ptrdiff_t ldp, const fl
 }
 
 /* int8 [N, K] with AVX512-VNNI: a 64-byte run of a row is one pair of
- * blocks, its 16 int32 lanes are the 16 lanes of cyf_i8q_dot_t_generic.
+ * blocks, its 16 int32 lanes are the 16 lanes of the generic loops.
  * Weights are the unsigned side (w + 128), each lane starting from its
- * correction, so vpdpbusd leaves the exact lane sum.  A tile of MX rows of x
- * and MW rows of W shares every load; MX, MW are constants once inlined. */
+ * correction, so vpdpbusd leaves the exact lane sum.  A tile of MX prepared
+ * rows of x (ldxp bytes apart) and MW rows of W shares every load; MX, MW
+ * are constants once inlined. */
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed char *w, ptrdiff_t ld, const int MW,
-                                      const signed char *q, const int *corr, const float *dl, const int MX,
-                                      ptrdiff_t npair, ptrdiff_t K)
+                                      const unsigned char *xp, ptrdiff_t ldxp, const int MX, ptrdiff_t npair,
+                                      ptrdiff_t K)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const ptrdiff_t full = K / CYF_QP;
@@ -539,9 +595,10 @@ static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed 
         for (int m = 0; m < MW; m++)                                                                      \
             wv[m] = _mm512_xor_si512(LOAD(w + m * ld + p * CYF_QP), flip);                                \
         for (int r = 0; r < MX; r++) {                                                                    \
-            const __m512i qq = _mm512_loadu_si512(q + (r * npair + p) * CYF_QP);                          \
-            const __m512i c = _mm512_loadu_si512(corr + (r * npair + p) * 16);                            \
-            const __m512 d = _mm512_loadu_ps(dl + (r * npair + p) * 16);                                  \
+            const unsigned char *xr = xp + r * ldxp;                                                      \
+            const __m512i qq = _mm512_loadu_si512(CYF_I8Q_Q(xr) + p * CYF_QP);                           \
+            const __m512i c = _mm512_loadu_si512(CYF_I8Q_CORR(xr, npair) + p * 16);                       \
+            const __m512 d = _mm512_loadu_ps(CYF_I8Q_DL(xr, npair) + p * 16);                             \
             for (int m = 0; m < MW; m++)                                                                  \
                 f[r][m] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c, wv[m], qq)), f[r][m]); \
         }                                                                                                 \
@@ -566,62 +623,53 @@ static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed 
         }
 }
 
-/* acc[j + r * nw] = row r of x (ldx apart) . row a + j of W [N, K]: x is
- * quantized 4 rows at a time, then every 2 rows of W meet those 4 from
- * registers; every row's arithmetic is the one-row kernel's.  One row of x
- * reads W a row at a time: from DRAM, two or four rows read side by side
- * streamed at 8-13 GB/s on one Zen 4 core, one row at a time at 28-30
- * (50257 x 768); several rows of x first ask for the rows of W in order,
- * into L2. */
+/* acc[j + r * nw] = prepared row r of x (ldxp bytes apart) . row a + j of
+ * W [N, K]: every 2 rows of W meet 4 rows of x from registers; every row's
+ * arithmetic is the one-row kernel's.  One row of x reads W a row at a
+ * time: from DRAM, two or four rows read side by side streamed at 8-13 GB/s
+ * on one Zen 4 core, one row at a time at 28-30 (50257 x 768); several rows
+ * of x first ask for the rows of W in order, into L2. */
 __attribute__((target("avx512vnni")))
-static void cyf_i8q_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                                    ptrdiff_t nw, ptrdiff_t K)
+static void cyf_i8q_dot_tp_rows_vnni(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                     ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
 {
-    const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, ld = W->ld, np1 = npair ? npair : 1;
+    const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, ld = W->ld;
     const signed char *Wd = (const signed char *)W->data + a * ld;
-    signed char q[4 * np1 * CYF_QP];
-    float dl[4 * np1 * 16];
-    int corr[4 * np1 * 16];
+    const unsigned char *xp = (const unsigned char *)xpv;
     if (nr > 1)
         for (ptrdiff_t i = 0; i < nw * ld; i += 64)
             __builtin_prefetch(Wd + i, 0, 2);
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int mx = nr - r0 < 4 ? nr - r0 : 4;
-        for (int r = 0; r < mx; r++)
-            cyf_q8_row_t(x + (r0 + r) * ldx, K, q + r * npair * CYF_QP, dl + r * npair * 16, corr + r * npair * 16);
+        const unsigned char *x0 = xp + r0 * ldxp;
         float *ar = acc + r0 * nw;
         ptrdiff_t j = 0;
         switch (mx) {  /* constant tile shapes: the accumulators stay in registers */
         case 1:
             for (; j < nw; j++)
-                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, q, corr, dl, 1, npair, K);
+                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 1, npair, K);
             break;
         case 2:
             for (; j + 2 <= nw; j += 2)
-                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 2, q, corr, dl, 2, npair, K);
+                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 2, x0, ldxp, 2, npair, K);
             break;
         case 3:
             for (; j + 2 <= nw; j += 2)
-                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 2, q, corr, dl, 3, npair, K);
+                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 2, x0, ldxp, 3, npair, K);
             break;
         default:
             for (; j + 2 <= nw; j += 2)
-                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 2, q, corr, dl, 4, npair, K);
+                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 2, x0, ldxp, 4, npair, K);
         }
         for (; j < nw; j++)
             switch (mx) {
-            case 2: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, q, corr, dl, 2, npair, K); break;
-            case 3: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, q, corr, dl, 3, npair, K); break;
-            default: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, q, corr, dl, 4, npair, K);
+            case 2: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 2, npair, K); break;
+            case 3: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 3, npair, K); break;
+            default: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 4, npair, K);
             }
     }
 }
-
-__attribute__((target("avx512vnni")))
-static void cyf_i8q_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    cyf_i8q_dot_t_rows_vnni(acc, x, K, 1, W, a, nw, K);
-}
+CYF_PREP_WRAPPERS(cyf_i8q_vnni, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp_rows_vnni)
 #else
 #define CYF_HAVE_VNNI_KERNELS 0
 #endif
@@ -641,42 +689,47 @@ static void cyf_i8q_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrd
 #include <immintrin.h>
 
 /* int8 [N, K]: a 64-byte run of a row is two 256-bit registers, lanes 0-7
- * and 8-15 of cyf_i8q_dot_t_generic; its last, partial run is copied into
- * a zeroed buffer (no read past the row).  Lanes summed in its tree. */
+ * and 8-15 of the generic loops; its last, partial run is copied into a
+ * zeroed buffer (no read past the row).  Each row of W, from L1, meets
+ * every prepared row of x in turn; lanes summed in cyf_lanes16_sum's tree. */
 __attribute__((target("avx2,fma")))
-static void cyf_i8q_dot_t_avx2(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+static void cyf_i8q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                     ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
 {
     const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, full = K / CYF_QP;
-    signed char q[(npair ? npair : 1) * CYF_QP];
-    float dl[(npair ? npair : 1) * 16];
-    cyf_q8_row_t(x, K, q, dl, NULL);
     const __m256i ones = _mm256_set1_epi16(1);
     for (ptrdiff_t j = 0; j < nw; j++) {
         const signed char *w = (const signed char *)W->data + (a + j) * W->ld;
-        __m256 lo = _mm256_setzero_ps(), hi = lo;
-        for (ptrdiff_t p = 0; p < npair; p++) {
-            signed char tail[CYF_QP];
-            const signed char *wp = w + p * CYF_QP;
-            if (p == full) {
-                memset(tail, 0, sizeof tail);
-                memcpy(tail, wp, (size_t)(K - full * CYF_QP));
-                wp = tail;
+        for (int r = 0; r < nr; r++) {
+            const void *xr = (const unsigned char *)xp + r * ldxp;
+            const signed char *q = CYF_I8Q_Q(xr);
+            const float *dl = CYF_I8Q_DL(xr, npair);
+            __m256 lo = _mm256_setzero_ps(), hi = lo;
+            for (ptrdiff_t p = 0; p < npair; p++) {
+                signed char tail[CYF_QP];
+                const signed char *wp = w + p * CYF_QP;
+                if (p == full) {
+                    memset(tail, 0, sizeof tail);
+                    memcpy(tail, wp, (size_t)(K - full * CYF_QP));
+                    wp = tail;
+                }
+                const __m256i w0 = _mm256_loadu_si256((const __m256i *)wp);
+                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32));
+                const __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP));
+                const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP + 32));
+                const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(q0, w0)), ones);
+                const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(q1, w1)), ones);
+                lo = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16), _mm256_cvtepi32_ps(s0), lo);
+                hi = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16 + 8), _mm256_cvtepi32_ps(s1), hi);
             }
-            const __m256i w0 = _mm256_loadu_si256((const __m256i *)wp);
-            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32));
-            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP));
-            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP + 32));
-            const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(q0, w0)), ones);
-            const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(q1, w1)), ones);
-            lo = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16), _mm256_cvtepi32_ps(s0), lo);
-            hi = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16 + 8), _mm256_cvtepi32_ps(s1), hi);
+            const __m256 s8 = _mm256_add_ps(lo, hi);
+            const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+            const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            acc[r * nw + j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
         }
-        const __m256 s8 = _mm256_add_ps(lo, hi);  /* cyf_lanes16_sum's tree */
-        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        acc[j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
     }
 }
+CYF_PREP_WRAPPERS(cyf_i8q_avx2, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp_rows_avx2)
 
 __attribute__((target("avx2,fma")))
 static void cyf_i4q_gemv_block_avx2(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
@@ -1395,7 +1448,8 @@ static cyf_format cyf_formats[] = {
     {"bfloat16", "widened to float32, FMA", 0, 0, cyf_bf16_gemv_block, NULL, cyf_bf16_dot_t, NULL, cyf_bf16_pack_run, cyf_bf16_pack_t},
     /* always [N, K] (rows_out): no [K, N] kernels */
     {"int8", "int8 activations in decode and prefill, generic integer loops", 1, 0, NULL, NULL,
-     cyf_i8q_dot_t_generic, NULL, NULL, cyf_i8_pack_t},
+     cyf_i8q_generic_dot_t, cyf_i8q_generic_dot_t_rows, NULL, cyf_i8_pack_t, NULL, cyf_i8q_prep_bytes, cyf_i8q_prep,
+     cyf_i8q_dot_tp_rows_generic},
     {"int4", "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA", 0, 0,
      cyf_i4q_gemv_block_generic, NULL, cyf_i4_dot_t, NULL, cyf_i4_pack_run, cyf_i4_pack_t},
     {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t_generic,
@@ -1474,8 +1528,9 @@ static inline int cyf_formats_select(int features)
     cyf_q80_select(CYF_HAVE_VNNI_KERNELS && (features & 1));
     if (CYF_HAVE_VNNI_KERNELS && (features & 1)) {
 #if CYF_HAVE_VNNI_KERNELS
-        i8->dot_t = cyf_i8q_dot_t_vnni;
-        i8->dot_t_rows = cyf_i8q_dot_t_rows_vnni;
+        i8->dot_t = cyf_i8q_vnni_dot_t;
+        i8->dot_t_rows = cyf_i8q_vnni_dot_t_rows;
+        i8->dot_tp_rows = cyf_i8q_dot_tp_rows_vnni;
         i8->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
         i4->gemv_block = cyf_i4q_gemv_block_vnni;
         i4->gemv_block_rows = cyf_i4q_gemv_block_rows_vnni;
@@ -1485,8 +1540,9 @@ static inline int cyf_formats_select(int features)
 #endif
         return bf16 | 1;
     }
-    i8->dot_t = cyf_i8q_dot_t_generic;
-    i8->dot_t_rows = NULL;
+    i8->dot_t = cyf_i8q_generic_dot_t;
+    i8->dot_t_rows = cyf_i8q_generic_dot_t_rows;
+    i8->dot_tp_rows = cyf_i8q_dot_tp_rows_generic;
     i8->kernels = "int8 activations in decode and prefill, generic integer loops";
     i4->gemv_block = cyf_i4q_gemv_block_generic;
     i4->gemv_block_rows = NULL;
@@ -1495,7 +1551,9 @@ static inline int cyf_formats_select(int features)
     i4->kernels = "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA";
     if (CYF_HAVE_AVX2_KERNELS && (features & 4)) {
 #if CYF_HAVE_AVX2_KERNELS
-        i8->dot_t = cyf_i8q_dot_t_avx2;
+        i8->dot_t = cyf_i8q_avx2_dot_t;
+        i8->dot_t_rows = cyf_i8q_avx2_dot_t_rows;
+        i8->dot_tp_rows = cyf_i8q_dot_tp_rows_avx2;
         i8->qgemm = &cyf_i8_qgemm_avx2;
         i8->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
         i4->gemv_block = cyf_i4q_gemv_block_avx2;

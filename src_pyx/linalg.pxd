@@ -40,6 +40,12 @@ cdef extern from "formats.h" nogil:
         void (*pack_t)(float* dst, Py_ssize_t ldd, const Wt* W, Py_ssize_t n, Py_ssize_t k0, Py_ssize_t kn,
                        Py_ssize_t K) noexcept nogil
         const cyf_qgemm* qgemm  # the integer GEMM of W [K, N], or NULL: float32 panels
+        # x prepared once per product for W [N, K], or NULL: dot_t / dot_t_rows
+        Py_ssize_t (*prep_bytes)(Py_ssize_t K) noexcept nogil
+        void (*prep)(void* xp, const float* x, Py_ssize_t K) noexcept nogil
+        void (*dot_tp_rows)(float* acc, const void* xp, Py_ssize_t ldxp, int nr, const Wt* W, Py_ssize_t a,
+                            Py_ssize_t nw, Py_ssize_t K) noexcept nogil
+    Py_ssize_t CYF_PREP_FLOATS(Py_ssize_t K)
     ctypedef struct Wt "cyf_wt":
         const void* data
         const float* scale  # the format's scales, or NULL
@@ -65,6 +71,7 @@ cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, 
 
 # Floats of scratch memory that linear() needs for T rows of x [T, K] @ W
 # (W [K, N], or [N, K] when W.t) on nthreads threads.
+cdef Py_ssize_t gemv_acc_size(Py_ssize_t B, Py_ssize_t K) noexcept nogil
 cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, Wt W,
                                     int nthreads) noexcept nogil
 
@@ -153,7 +160,7 @@ cdef inline Team team_of(int tid, int size, Py_ssize_t* counter) noexcept nogil:
 # One row's matrix-vector product through the epilogue: x [K] @ W [K, N]
 # (W [N, K] with w_t), shared by the team of the enclosing parallel region:
 # every thread calls it with the same arguments, its own tid and acc
-# (GEMV_COLS floats).  team.counter is shared and 0 on entry and 0 again on
+# (gemv_acc_size(1, K) floats).  team.counter is shared and 0 on entry and 0 again on
 # return, so the next product may use it, and the call contains a barrier.  Pass another barrier before reading out or reusing
 # partials.  Every output is the same sum whatever the team size, and the
 # same as linear() gives for fewer than MATVEC_ROWS rows.
@@ -162,7 +169,8 @@ cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N
 
 # The same for B rows of x (ldx apart) into B rows of out (ldo apart), every
 # block of W read from memory once for all of them: a batch's decode step.
-# Row r's outputs are bitwise those of gemv_team on row r alone.
+# Row r's outputs are bitwise those of gemv_team on row r alone; acc is
+# gemv_acc_size(B, K) floats.
 cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t ldx, Py_ssize_t B,
                          Wt W, Py_ssize_t K, Py_ssize_t N, Epilogue ep, float* partials, float* acc,
                          Team team) noexcept nogil

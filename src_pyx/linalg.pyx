@@ -74,10 +74,16 @@ cdef inline Py_ssize_t _qgemm_rows_scratch(Py_ssize_t T, Py_ssize_t K) noexcept 
     return _lines(T * nblk * CYF_QB) + 2 * _lines(T * nblk * 4)  # codes, d, bsum of every row
 
 
+cdef Py_ssize_t gemv_acc_size(Py_ssize_t B, Py_ssize_t K) noexcept nogil:
+    # a thread's accumulators, then its copy of B rows of x as W [N, K]'s
+    # format prepares them (any format's, so callers need not know which)
+    return GEMV_COLS + B * CYF_PREP_FLOATS(K)
+
+
 cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, Wt W,
                                     int nthreads) noexcept nogil:
     if T < MATVEC_ROWS:  # shared partial sums (W [K, N] only), accumulators per thread
-        return (0 if W.t else gemv_partials_size(K, N)) + nthreads * GEMV_COLS
+        return (0 if W.t else gemv_partials_size(K, N)) + nthreads * gemv_acc_size(1, K)
     if _qgemm_of(W):
         return _qgemm_rows_scratch(T, K) + nthreads * _qgemm_thread_scratch(K)
     return nthreads * _gemm_scratch(K)
@@ -280,6 +286,30 @@ cdef void _gemv_cols_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t
         r0 += nr
 
 
+cdef void _gemv_cols_prep(float* out, Py_ssize_t ldo, const unsigned char* xp, Py_ssize_t lp, Py_ssize_t B,
+                          Wt W, const float* b, Py_ssize_t K, Py_ssize_t n0, Py_ssize_t n1,
+                          int act, bint accumulate, float* acc) noexcept nogil:
+    # Outputs n0 .. n1-1 for B rows of x prepared by the format (lp bytes
+    # apart): every row of W, read once, against every row of x, so each
+    # output is that of the one-row product.  acc holds [rows, outputs],
+    # at most GEMV_COLS floats at a time.
+    cdef Py_ssize_t a, nw, r0, nr, r
+    cdef Py_ssize_t rows = GEMV_COLS // GEMV_B_ROWS_T
+    cdef Py_ssize_t width = GEMV_COLS if B == 1 else GEMV_B_ROWS_T
+    r0 = 0
+    while r0 < B:
+        nr = B - r0 if B - r0 < rows else rows
+        a = n0
+        while a < n1:
+            nw = n1 - a if n1 - a < width else width
+            W.f.dot_tp_rows(acc, xp + r0 * lp, lp, <int>nr, &W, a, nw, K)
+            for r in range(nr):
+                _finish(out + (r0 + r) * ldo + a, acc + r * nw, b + a if b != NULL else NULL, nw, act,
+                        accumulate, W.scale + a if W.f.out_scale else NULL)
+            a += nw
+        r0 += nr
+
+
 cdef void gemv_team(float* out, const float* x, Wt W, Py_ssize_t K, Py_ssize_t N,
                     Epilogue ep, float* partials, float* acc, Team team) noexcept nogil:
     gemv_team_rows(out, N, x, K, 1, W, K, N, ep, partials, acc, team)
@@ -312,17 +342,26 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
     cdef Py_ssize_t nb, blk, k0, kb, c0, c1, cw, j, ntail, nitems, item, pw, r, e, maxw
     cdef float* p0
     cdef const float* pb
+    cdef unsigned char* xp = NULL
+    cdef Py_ssize_t lp = 0
     if W.t:  # W [N, K]: a range of outputs already is a contiguous run
         # outputs are independent dot products: the split never changes a bit
         pw = (N + GEMV_T_ITEMS * team.size - 1) // (GEMV_T_ITEMS * team.size)
         pw = (pw + 15) // 16 * 16
         pw = GEMV_T_ROWS if pw > GEMV_T_ROWS else pw
         nb = (N + pw - 1) // pw
+        if W.f.prep != NULL:  # x prepared once per product, into this thread's scratch after acc
+            xp = <unsigned char*>(acc + GEMV_COLS)
+            lp = W.f.prep_bytes(K)
+            for r in range(B):
+                W.f.prep(xp + r * lp, x + r * ldx, K)
         blk = cyf_next_item(counter)
         while blk < nb:
             c0 = blk * pw
             c1 = N if N < c0 + pw else c0 + pw
-            if B == 1:
+            if W.f.prep != NULL:
+                _gemv_cols_prep(out, ldo, xp, lp, B, W, b, K, c0, c1, act, accumulate, acc)
+            elif B == 1:
                 gemv_cols(out, x, W, b, K, N, c0, c1, act, accumulate, acc)
             elif W.f.dot_t_rows != NULL and B >= GEMV_TILE_ROWS:
                 _gemv_cols_rows(out, ldo, x, ldx, B, W, b, K, N, c0, c1, act, accumulate, acc)
@@ -395,7 +434,7 @@ cdef void _gemv(float* out, const float* x, Wt W, const float* b,
         for t in range(T):
             team = team_of(threadid(), cyf_team_size(), &counters[t])
             gemv_team(out + t * N, x + t * K, W, K, N, ep, partials,
-                      accs + team.tid * GEMV_COLS, team)
+                      accs + team.tid * gemv_acc_size(1, K), team)
             cyf_barrier()  # the partials are reused by the next row
 
 
