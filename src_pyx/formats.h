@@ -66,7 +66,7 @@ typedef struct cyf_format {
 } cyf_format;
 
 /* the most floats of scratch any format's prep takes for a row of K inputs */
-#define CYF_PREP_FLOATS(K) ((K) + 64)
+#define CYF_PREP_FLOATS(K) ((K) + 256)  /* int8 3K + 192 bytes, q8_0 / q4_0 640 per 512 inputs */
 
 /* ---- float32 -------------------------------------------------------- */
 static void cyf_f32_gemv_block(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
@@ -1143,7 +1143,7 @@ static const int cyf_q80_lo_blk[8] = {0, 1, 2, 3, 8, 9, 10, 11};  /* each with b
  * scales d[npad] and 128 * the codes' sums bsum[npad] (0 past nblk) */
 __attribute__((target("avx512vnni")))
 static inline void cyf_q80_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdiff_t nch, signed char *q, float *d,
-                             int *sum4, int *bsum, __m512i *xv)
+                             int *sum4, int *bsum, unsigned char *xv)
 {
     const ptrdiff_t npad = nch * CYF_Q80_LANES;
     memset(q, 0, (size_t)(npad * CYF_QB));
@@ -1160,8 +1160,9 @@ static inline void cyf_q80_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdif
     for (ptrdiff_t c = 0; c < nch; c++)
         for (int i = 0; i < 8; i++) {
             const signed char *ql = q + (c * CYF_Q80_LANES + cyf_q80_lo_blk[i]) * CYF_QB;
-            xv[c * 8 + i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)ql)),
-                                               _mm256_loadu_si256((const __m256i *)(ql + 4 * CYF_QB)), 1);
+            _mm512_storeu_si512(xv + (c * 8 + i) * 64,
+                                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)ql)),
+                                                   _mm256_loadu_si256((const __m256i *)(ql + 4 * CYF_QB)), 1));
         }
 }
 
@@ -1182,13 +1183,13 @@ static inline void cyf_q80_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb)
 
 /* s += (d_w * d_x) * isum per lane for one chunk: wv the weights, xv x's codes */
 __attribute__((target("avx512vnni")))
-static inline __m512 cyf_q80_chunk(__m512 s, const __m512i *wv, const __m512i *xv, const int *bsum, __m512 dw,
+static inline __m512 cyf_q80_chunk(__m512 s, const __m512i *wv, const unsigned char *xv, const int *bsum, __m512 dw,
                                    const float *dx)
 {
     const __m512i zero = _mm512_setzero_si512();
     __m512i v[8], u[4];
     for (int i = 0; i < 8; i++)
-        v[i] = _mm512_dpbusd_epi32(zero, wv[i], xv[i]);
+        v[i] = _mm512_dpbusd_epi32(zero, wv[i], _mm512_loadu_si512(xv + i * 64));
     /* per 128-bit lane: (p0+p2, q0+q2, p1+p3, q1+q3), then 4 sums of 4 */
     for (int i = 0; i < 4; i++)
         u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
@@ -1348,36 +1349,66 @@ static inline void cyf_q40_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb)
 /* x's codes as cyf_q80_x, bsum as 8 * the codes' sums */
 __attribute__((target("avx512vnni")))
 static inline void cyf_q40_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdiff_t nch, signed char *q, float *d,
-                             int *sum4, int *bsum, __m512i *xv)
+                             int *sum4, int *bsum, unsigned char *xv)
 {
     cyf_q80_x(x, K, nblk, nch, q, d, sum4, bsum, xv);
     for (ptrdiff_t b = 0; b < nch * CYF_Q80_LANES; b++)
         bsum[b] /= 16;
 }
 
-/* Decode of a row of records for nr rows of x (dot_t: nr = 1), 4 rows of x
- * at a time: each chunk of a row of W is loaded once into registers for all
- * 4, and every row's arithmetic is the one-row kernel's, so are its bits.
- * q4_0 (nib) unpacks its nibbles and takes 8 * the codes' sums off
- * (cyf_q40_x), q8_0 flips its codes' sign bit and takes 128 * them. */
+/* A row of x prepared for the record kernels (the rows' `prep`): its codes
+ * paired as the weights are (nch * 8 vectors of 64 bytes), then the block
+ * scales d [npad] and code sums bsum [npad] (cyf_q80_x / cyf_q40_x). */
+static ptrdiff_t cyf_rec_prep_bytes(ptrdiff_t K)
+{
+    return (K / CYF_QB + CYF_Q80_LANES - 1) / CYF_Q80_LANES * (8 * 64 + 8 * CYF_Q80_LANES);
+}
+
+#define CYF_REC_D(xp, nch) ((const float *)((const unsigned char *)(xp) + (nch) * 8 * 64))
+#define CYF_REC_BSUM(xp, nch) ((const int *)(CYF_REC_D(xp, nch) + (nch) * CYF_Q80_LANES))
+
 __attribute__((target("avx512vnni"), always_inline))
-static inline void cyf_rec_dot_vnni_(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                                     ptrdiff_t nw, ptrdiff_t K, int nib)
+static inline void cyf_rec_prep_(void *xp, const float *x, ptrdiff_t K, int nib)
+{
+    const ptrdiff_t nblk = K / CYF_QB, nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
+    signed char q[npad * CYF_QB + 1];
+    int sum4[npad * (CYF_QB / 4) + 1];
+    unsigned char *xv = (unsigned char *)xp;
+    float *d = (float *)(xv + nch * 8 * 64);
+    if (nib)
+        cyf_q40_x(x, K, nblk, nch, q, d, sum4, (int *)(d + npad), xv);
+    else
+        cyf_q80_x(x, K, nblk, nch, q, d, sum4, (int *)(d + npad), xv);
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_q80_prep(void *xp, const float *x, ptrdiff_t K)
+{
+    cyf_rec_prep_(xp, x, K, 0);
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_q40_prep(void *xp, const float *x, ptrdiff_t K)
+{
+    cyf_rec_prep_(xp, x, K, 1);
+}
+
+/* Decode of a row of records for nr prepared rows of x (ldxp bytes apart;
+ * dot_t: nr = 1), 4 rows of x at a time: each chunk of a row of W is loaded
+ * once into registers for all 4, and every row's arithmetic is the one-row
+ * kernel's, so are its bits.  q4_0 (nib) unpacks its nibbles and takes 8 *
+ * the codes' sums off (cyf_q40_x), q8_0 flips its codes' sign bit and takes
+ * 128 * them.  K < 32 (no block) gives zeros, as the generic loops do. */
+__attribute__((target("avx512vnni"), always_inline))
+static inline void cyf_rec_dot_tp_vnni_(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                        ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib)
 {
     const ptrdiff_t nblk = K / CYF_QB, ld = W->ld, rec = nib ? CYF_Q40_REC : CYF_Q80_REC;
-    const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES, npad = nch * CYF_Q80_LANES;
-    signed char q[npad * CYF_QB];
-    float d[4 * npad];
-    int sum4[npad * (CYF_QB / 4)], bsum[4 * npad];
-    __m512i xv[4 * nch * 8], wv[8];
+    const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES;
+    const unsigned char *xp = (const unsigned char *)xpv;
+    __m512i wv[8];
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int m = nr - r0 < 4 ? nr - r0 : 4;
-        for (int r = 0; r < m; r++) {
-            if (nib)
-                cyf_q40_x(x + (r0 + r) * ldx, K, nblk, nch, q, d + r * npad, sum4, bsum + r * npad, xv + r * nch * 8);
-            else
-                cyf_q80_x(x + (r0 + r) * ldx, K, nblk, nch, q, d + r * npad, sum4, bsum + r * npad, xv + r * nch * 8);
-        }
         for (ptrdiff_t j = 0; j < nw; j++) {
             const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
             __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -1390,9 +1421,11 @@ static inline void cyf_rec_dot_vnni_(float *acc, const float *x, ptrdiff_t ldx, 
                 else
                     cyf_q80_w(wv, rc, nb);
                 const __m512 dw = cyf_rec_dw(rc, nb, rec);
-                for (int r = 0; r < m; r++)
-                    s[r] = cyf_q80_chunk(s[r], wv, xv + (r * nch + c) * 8, bsum + r * npad + c * CYF_Q80_LANES, dw,
-                                         d + r * npad + c * CYF_Q80_LANES);
+                for (int r = 0; r < m; r++) {
+                    const unsigned char *xr = xp + (r0 + r) * ldxp;
+                    s[r] = cyf_q80_chunk(s[r], wv, xr + c * 8 * 64, CYF_REC_BSUM(xr, nch) + c * CYF_Q80_LANES, dw,
+                                         CYF_REC_D(xr, nch) + c * CYF_Q80_LANES);
+                }
             }
             for (int r = 0; r < m; r++)
                 acc[(r0 + r) * nw + j] = cyf_q80_sum16(s[r]);
@@ -1401,42 +1434,20 @@ static inline void cyf_rec_dot_vnni_(float *acc, const float *x, ptrdiff_t ldx, 
 }
 
 __attribute__((target("avx512vnni")))
-static void cyf_q80_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+static void cyf_q80_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W, ptrdiff_t a,
+                                     ptrdiff_t nw, ptrdiff_t K)
 {
-    if (K / CYF_QB == 0)
-        cyf_q80_dot_t_generic(acc, x, W, a, nw, K);
-    else
-        cyf_rec_dot_vnni_(acc, x, 0, 1, W, a, nw, K, 0);
+    cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 0);
 }
 
 __attribute__((target("avx512vnni")))
-static void cyf_q80_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                                    ptrdiff_t nw, ptrdiff_t K)
+static void cyf_q40_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W, ptrdiff_t a,
+                                     ptrdiff_t nw, ptrdiff_t K)
 {
-    if (K / CYF_QB == 0 || nr <= 0)
-        cyf_q80_dot_t_rows(acc, x, ldx, nr, W, a, nw, K);
-    else
-        cyf_rec_dot_vnni_(acc, x, ldx, nr, W, a, nw, K, 0);
+    cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 1);
 }
-
-__attribute__((target("avx512vnni")))
-static void cyf_q40_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    if (K / CYF_QB == 0)
-        cyf_q40_dot_t_generic(acc, x, W, a, nw, K);
-    else
-        cyf_rec_dot_vnni_(acc, x, 0, 1, W, a, nw, K, 1);
-}
-
-__attribute__((target("avx512vnni")))
-static void cyf_q40_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                                    ptrdiff_t nw, ptrdiff_t K)
-{
-    if (K / CYF_QB == 0 || nr <= 0)
-        cyf_q40_dot_t_rows(acc, x, ldx, nr, W, a, nw, K);
-    else
-        cyf_rec_dot_vnni_(acc, x, ldx, nr, W, a, nw, K, 1);
-}
+CYF_PREP_WRAPPERS(cyf_q80_vnni, cyf_rec_prep_bytes, cyf_q80_prep, cyf_q80_dot_tp_rows_vnni)
+CYF_PREP_WRAPPERS(cyf_q40_vnni, cyf_rec_prep_bytes, cyf_q40_prep, cyf_q40_dot_tp_rows_vnni)
 #endif
 
 #include "qgemm.h"
@@ -1493,12 +1504,18 @@ static inline void cyf_q80_select(int vnni)
     cyf_format *q80 = &cyf_formats[4], *q40 = &cyf_formats[5];
 #if CYF_HAVE_VNNI_KERNELS
     if (vnni) {
-        q80->dot_t = cyf_q80_dot_t_vnni;
-        q80->dot_t_rows = cyf_q80_dot_t_rows_vnni;
+        q80->dot_t = cyf_q80_vnni_dot_t;
+        q80->dot_t_rows = cyf_q80_vnni_dot_t_rows;
+        q80->prep_bytes = cyf_rec_prep_bytes;
+        q80->prep = cyf_q80_prep;
+        q80->dot_tp_rows = cyf_q80_dot_tp_rows_vnni;
         q80->qgemm = &cyf_q80_qgemm_vnni;
         q80->kernels = "[N, K]: int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
-        q40->dot_t = cyf_q40_dot_t_vnni;
-        q40->dot_t_rows = cyf_q40_dot_t_rows_vnni;
+        q40->dot_t = cyf_q40_vnni_dot_t;
+        q40->dot_t_rows = cyf_q40_vnni_dot_t_rows;
+        q40->prep_bytes = cyf_rec_prep_bytes;
+        q40->prep = cyf_q40_prep;
+        q40->dot_tp_rows = cyf_q40_dot_tp_rows_vnni;
         q40->qgemm = &cyf_q40_qgemm_vnni;
         q40->kernels = "[N, K]: int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
         return;
@@ -1508,6 +1525,9 @@ static inline void cyf_q80_select(int vnni)
     /* no integer GEMM here: the generic tile is slower than the float panels */
     q80->dot_t = cyf_q80_dot_t_generic;
     q80->dot_t_rows = cyf_q80_dot_t_rows;
+    q80->prep_bytes = q40->prep_bytes = NULL;
+    q80->prep = q40->prep = NULL;
+    q80->dot_tp_rows = q40->dot_tp_rows = NULL;
     q80->qgemm = NULL;
     q80->kernels = "[N, K]: int8 activations in decode, generic integer loops; prefill: widened to float32, FMA";
     q40->dot_t = cyf_q40_dot_t_generic;

@@ -655,6 +655,16 @@ def integer_gemm(fmt):
     return f.qgemm != NULL
 
 
+def prep_bytes(fmt, Py_ssize_t K):
+    """(bytes fmt's kernels prepare a row of K inputs into, the scratch
+    reserved for it) for W [N, K] on this CPU, or None where fmt's kernels
+    read x as it is."""
+    cdef const cyf_format* f = cyf_format_at(_formats.format_of("prep_bytes", fmt).code)
+    if f.prep == NULL:
+        return None
+    return f.prep_bytes(K), 4 * CYF_PREP_FLOATS(K)
+
+
 cdef Wt weights_of(str fn, str name, object W, Py_ssize_t K, bint w_transposed, list keep) except *:
     cdef Wt w
     if isinstance(W, np.ndarray):

@@ -1239,3 +1239,20 @@ def test_block_format_arguments_are_checked(fmt):
     bad = Packed(fmt, p.data.view(np.int8), None, p.shape, False)
     with pytest.raises(ValueError, match="uint8"):
         linalg.linear_forward(x, bad)
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True, ids=_variant_id)
+def test_prepared_activations_fit_the_reserved_scratch(int8_variant):
+    """Where a format prepares x once per product (int8, q8_0, q4_0), the
+    bytes of a row stay within what linalg and the decode step reserve for
+    any format (CYF_PREP_FLOATS), a multiple of 64, at every K."""
+    linalg.select_format_kernels(int8_variant)
+    seen = set()
+    for fmt in PACKED + BLOCK:
+        for K in list(range(0, 1100)) + [3072, 8192, 14336]:
+            sizes = linalg.prep_bytes(fmt, K)
+            if sizes is None:
+                break
+            seen.add(fmt)
+            assert sizes[0] <= sizes[1] and sizes[0] % 64 == 0, (fmt, K, sizes)
+    assert "int8" in seen
