@@ -577,6 +577,9 @@ static void cyf_i4q_gemv_block_rows_vnni(float *partial, ptrdiff_t ldp, const fl
  * correction, so vpdpbusd leaves the exact lane sum.  A tile of MX prepared
  * rows of x (ldxp bytes apart) and MW rows of W shares every load; MX, MW
  * are constants once inlined. */
+/* Several rows of x: each weight row's runs asked for CYF_I8Q_AHEAD rows
+ * ahead (one row of x streams fine on the hardware prefetchers alone) */
+#define CYF_I8Q_AHEAD 4
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed char *w, ptrdiff_t ld, const int MW,
                                       const unsigned char *xp, ptrdiff_t ldxp, const int MX, ptrdiff_t npair,
@@ -592,6 +595,9 @@ static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed 
 #define CYF_I8Q_T_STEP(LOAD)                                                                              \
     do {                                                                                                  \
         __m512i wv[4];                                                                                    \
+        if (MX > 1)                                                                                       \
+            for (int m = 0; m < MW; m++)                                                                  \
+                _mm_prefetch((const char *)(w + (CYF_I8Q_AHEAD + m) * ld + p * CYF_QP), _MM_HINT_T0);   \
         for (int m = 0; m < MW; m++)                                                                      \
             wv[m] = _mm512_xor_si512(LOAD(w + m * ld + p * CYF_QP), flip);                                \
         for (int r = 0; r < MX; r++) {                                                                    \
@@ -624,11 +630,13 @@ static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed 
 }
 
 /* acc[j + r * nw] = prepared row r of x (ldxp bytes apart) . row a + j of
- * W [N, K]: every 2 rows of W meet 4 rows of x from registers; every row's
- * arithmetic is the one-row kernel's.  One row of x reads W a row at a
- * time: from DRAM, two or four rows read side by side streamed at 8-13 GB/s
- * on one Zen 4 core, one row at a time at 28-30 (50257 x 768); several rows
- * of x first ask for the rows of W in order, into L2. */
+ * W [N, K]: each row of W meets up to 4 rows of x from registers; every
+ * row's arithmetic is the one-row kernel's.  W is read a row at a time:
+ * from DRAM, two or four rows read side by side streamed at 8-13 GB/s on one
+ * Zen 4 core, one row at a time at 28-30 (50257 x 768).  For the batched
+ * step (one core, GPT-2-small geometry, 8 rows of x) asking for the whole
+ * piece of W into L2 first, then 2 rows of W per tile, took 40.7 ms a step;
+ * one row per tile 31.2, and prefetching 4 rows ahead instead 26.7. */
 __attribute__((target("avx512vnni")))
 static void cyf_i8q_dot_tp_rows_vnni(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
                                      ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
@@ -636,33 +644,14 @@ static void cyf_i8q_dot_tp_rows_vnni(float *acc, const void *xpv, ptrdiff_t ldxp
     const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, ld = W->ld;
     const signed char *Wd = (const signed char *)W->data + a * ld;
     const unsigned char *xp = (const unsigned char *)xpv;
-    if (nr > 1)
-        for (ptrdiff_t i = 0; i < nw * ld; i += 64)
-            __builtin_prefetch(Wd + i, 0, 2);
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int mx = nr - r0 < 4 ? nr - r0 : 4;
         const unsigned char *x0 = xp + r0 * ldxp;
         float *ar = acc + r0 * nw;
         ptrdiff_t j = 0;
-        switch (mx) {  /* constant tile shapes: the accumulators stay in registers */
-        case 1:
-            for (; j < nw; j++)
-                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 1, npair, K);
-            break;
-        case 2:
-            for (; j + 2 <= nw; j += 2)
-                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 2, x0, ldxp, 2, npair, K);
-            break;
-        case 3:
-            for (; j + 2 <= nw; j += 2)
-                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 2, x0, ldxp, 3, npair, K);
-            break;
-        default:
-            for (; j + 2 <= nw; j += 2)
-                cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 2, x0, ldxp, 4, npair, K);
-        }
         for (; j < nw; j++)
             switch (mx) {
+            case 1: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 1, npair, K); break;
             case 2: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 2, npair, K); break;
             case 3: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 3, npair, K); break;
             default: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 4, npair, K);
