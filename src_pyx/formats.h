@@ -16,6 +16,7 @@
 
 struct cyf_format;
 struct cyf_qgemm;
+struct cyf_bgemm;
 
 /* A weight matrix as the kernels read it: [K, N] (inputs, outputs), or
  * [N, K] when t (a row per output: the embedding and unembedding). */
@@ -63,6 +64,9 @@ typedef struct cyf_format {
     void (*prep)(void *xp, const float *x, ptrdiff_t K);
     void (*dot_tp_rows)(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W, ptrdiff_t a,
                         ptrdiff_t nw, ptrdiff_t K);
+    /* the bfloat16 GEMM (bgemm.h; set by cyf_formats_select): bf16
+     * activations.  NULL: as for qgemm */
+    const struct cyf_bgemm *bgemm;
 } cyf_format;
 
 /* the most floats of scratch any format's prep takes for a row of K inputs */
@@ -819,9 +823,6 @@ static void cyf_i4q_gemv_block_avx2(float *partial, const float *x, const cyf_wt
  * (nearest even, cyformer.formats._bfloat16's rule), so these kernels
  * compute something other than the widening ones: backends/numpy_ref's
  * bf16dp_* functions are the reference, bit for bit. */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#define CYF_HAVE_BF16DP_KERNELS 1
-
 /* float32 -> bfloat16, nearest even; a NaN stays a (quiet) NaN */
 static inline unsigned short cyf_bf16_round(float v)
 {
@@ -842,6 +843,9 @@ static inline void cyf_bf16_pairs_of(const float *x, ptrdiff_t n, unsigned int *
         xp[i] = lo | hi << 16;
     }
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define CYF_HAVE_BF16DP_KERNELS 1
 
 /* Columns 0 .. n-1 (n <= 32, masked) of rows 0 .. kb-1 of W [K, N] (w: row
  * 0, column 0): one vdpbf16ps chain per column from zero, rows 2p and 2p+1
@@ -1440,6 +1444,7 @@ CYF_PREP_WRAPPERS(cyf_q40_vnni, cyf_rec_prep_bytes, cyf_q40_prep, cyf_q40_dot_tp
 #endif
 
 #include "qgemm.h"
+#include "bgemm.h"
 
 /* ---- the table, indexed by cyformer/formats.py's Format.code ------------- */
 static cyf_format cyf_formats[] = {
@@ -1475,7 +1480,8 @@ static inline int cyf_formats_select_bf16(int features)
         bf->gemv_block_rows = cyf_bf16dp_gemv_block_rows;
         bf->dot_t = cyf_bf16dp_dot_t;
         bf->dot_t_rows = cyf_bf16dp_dot_t_rows;
-        bf->kernels = "decode: bf16 activations, AVX512-BF16 vdpbf16ps; prefill: widened to float32, FMA";
+        bf->bgemm = &cyf_bf16_bgemm;
+        bf->kernels = "bf16 activations in decode and prefill, AVX512-BF16 vdpbf16ps";
 #endif
         return 2;
     }
@@ -1483,6 +1489,7 @@ static inline int cyf_formats_select_bf16(int features)
     bf->gemv_block_rows = NULL;
     bf->dot_t = cyf_bf16_dot_t;
     bf->dot_t_rows = NULL;
+    bf->bgemm = NULL;
     bf->kernels = "widened to float32, FMA";
     return 0;
 }

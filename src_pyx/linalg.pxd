@@ -6,9 +6,10 @@
 #                with w_t=True, W is [N, K] (the tied unembedding, wte)
 #   b   [N]      bias, may be NULL
 #   out [T, N]
-# In the GEMM path every output element is one sequential k = 0..K-1 chain of
-# multiply-adds; the matrix-vector path sums fixed blocks of GEMV_ROWS rows
-# and then the blocks in order.  How work is split between threads never
+# In the float32 GEMM path every output element is one sequential k = 0..K-1
+# chain of multiply-adds; the matrix-vector path, and the integer and
+# bfloat16 GEMMs, sum fixed blocks of GEMV_ROWS rows and then the blocks in
+# order.  How work is split between threads never
 # changes a sum, so results are bitwise identical at any thread count.
 
 # A weight matrix as the kernels read it (formats.h): data, scales, its row of
@@ -24,6 +25,14 @@ cdef extern from "formats.h" nogil:
                      const unsigned char* strip, Py_ssize_t nblk, int bpp) noexcept nogil
         void (*pack_t)(unsigned char* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
                        Py_ssize_t pw) noexcept nogil  # for W [N, K]; NULL: float32 panels
+    # The bfloat16 GEMM with AVX512-BF16 (bgemm.h): pair-interleaved strips, vdpbf16ps tile.
+    ctypedef struct cyf_bgemm:
+        void (*pack)(unsigned int* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
+                     Py_ssize_t pw) noexcept nogil
+        void (*pack_t)(unsigned int* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
+                       Py_ssize_t pw) noexcept nogil  # for W [N, K]
+        void (*tile)(float* c, const unsigned int* xp, Py_ssize_t ldx, int rows, const unsigned int* strip,
+                     Py_ssize_t np, int bpp) noexcept nogil
     ctypedef struct cyf_format:
         const char* name
         const char* kernels
@@ -45,6 +54,7 @@ cdef extern from "formats.h" nogil:
         void (*prep)(void* xp, const float* x, Py_ssize_t K) noexcept nogil
         void (*dot_tp_rows)(float* acc, const void* xp, Py_ssize_t ldxp, int nr, const Wt* W, Py_ssize_t a,
                             Py_ssize_t nw, Py_ssize_t K) noexcept nogil
+        const cyf_bgemm* bgemm  # the bfloat16 GEMM (either orientation), or NULL
     Py_ssize_t CYF_PREP_FLOATS(Py_ssize_t K)
     ctypedef struct Wt "cyf_wt":
         const void* data
@@ -55,7 +65,9 @@ cdef extern from "formats.h" nogil:
     int CYF_NFORMATS
     int cyf_formats_select(int features)
     const cyf_format* cyf_format_at(int code)
-    enum: CYF_QB, CYF_QMR, CYF_QNR
+    enum: CYF_QB, CYF_QMR, CYF_QNR, CYF_BMR, CYF_BNR
+    Py_ssize_t cyf_bstrip_words(Py_ssize_t K)
+    void cyf_bf16_pairs_of(const float* x, Py_ssize_t n, unsigned int* xp, Py_ssize_t npad)
     Py_ssize_t cyf_qstrip_bytes(Py_ssize_t K)
     void cyf_q8_row_gemm(const float* x, Py_ssize_t K, signed char* q, float* d, int* bsum)
     void cyf_dequant_row_t(float* out, const Wt* W, Py_ssize_t n, Py_ssize_t K)

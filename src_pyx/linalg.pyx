@@ -60,6 +60,11 @@ cdef inline bint _qgemm_of(Wt W) noexcept nogil:
     return W.f.qgemm != NULL and (not W.t or W.f.qgemm.pack_t != NULL)
 
 
+cdef inline bint _bgemm_of(Wt W) noexcept nogil:
+    # the format has a bfloat16 GEMM (bf16 activations; either orientation)
+    return W.f.bgemm != NULL
+
+
 cdef inline Py_ssize_t _lines(Py_ssize_t nbytes) noexcept nogil:
     # floats of whole 64-byte lines that hold nbytes
     return (nbytes + 63) // 64 * 16
@@ -80,12 +85,22 @@ cdef Py_ssize_t gemv_acc_size(Py_ssize_t B, Py_ssize_t K) noexcept nogil:
     return GEMV_COLS + B * CYF_PREP_FLOATS(K)
 
 
+cdef inline Py_ssize_t _bgemm_thread_scratch(Py_ssize_t K) noexcept nogil:
+    return _lines(GEMM_NC // CYF_BNR * cyf_bstrip_words(K) * 4) + CYF_BMR * CYF_BNR  # a packed panel, one tile
+
+
+cdef inline Py_ssize_t _bgemm_rows_scratch(Py_ssize_t T, Py_ssize_t K) noexcept nogil:
+    return _lines(T * ((K + 1) // 2) * 4)  # every row's bf16 pairs
+
+
 cdef Py_ssize_t linear_scratch_size(Py_ssize_t T, Py_ssize_t K, Py_ssize_t N, Wt W,
                                     int nthreads) noexcept nogil:
     if T < MATVEC_ROWS:  # shared partial sums (W [K, N] only), accumulators per thread
         return (0 if W.t else gemv_partials_size(K, N)) + nthreads * gemv_acc_size(1, K)
     if _qgemm_of(W):
         return _qgemm_rows_scratch(T, K) + nthreads * _qgemm_thread_scratch(K)
+    if _bgemm_of(W):
+        return _bgemm_rows_scratch(T, K) + nthreads * _bgemm_thread_scratch(K)
     return nthreads * _gemm_scratch(K)
 
 
@@ -247,6 +262,57 @@ cdef void _gemm_q(float* out, const float* x, Wt W, const float* b,
                     for r in range(rows):
                         _finish(out + (t0 + r) * N + ns0, tile + r * CYF_QNR, b + ns0 if b != NULL else NULL,
                                 nw, act, accumulate, W.scale + ns0 if W.f.out_scale else NULL)
+
+
+cdef void _gemm_b(float* out, const float* x, Wt W, const float* b,
+                  Py_ssize_t T, Py_ssize_t K, Py_ssize_t N,
+                  int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
+    # The bfloat16 GEMM of a format with a bgemm (bgemm.h), _gemm_q's shape:
+    # every row of x rounded once to bf16 pairs as decode does (rows split
+    # over threads), then _gemm's panels, each packed into pair strips
+    # (from W [K, N] or [N, K]), and tiles of CYF_BMR rows whose sums are
+    # the matrix-vector path's (partial sums over GEMV_ROWS inputs, added in
+    # order), then _finish.
+    cdef const cyf_bgemm* g = W.f.bgemm
+    cdef Py_ssize_t np2 = (K + 1) // 2
+    cdef Py_ssize_t sw = cyf_bstrip_words(K)
+    cdef unsigned int* xp = <unsigned int*>scratch
+    cdef float* per = scratch + _bgemm_rows_scratch(T, K)
+    cdef Py_ssize_t tail0 = _gemm_tail_start(N)
+    cdef Py_ssize_t nwide = tail0 // GEMM_NC
+    cdef Py_ssize_t nitems = nwide + (N - tail0 + GEMM_TAIL_NC - 1) // GEMM_TAIL_NC
+    cdef Py_ssize_t t, p, n0, pw, nstr, si, ns0, nw, tt, t0, r
+    cdef int rows
+    cdef unsigned int* panel
+    cdef float* tile
+    with parallel(num_threads=nthreads):  # one team for both steps: a barrier between, no second fork
+        for t in prange(T, schedule="static"):
+            cyf_bf16_pairs_of(x + t * K, K, xp + t * np2, np2)
+        cyf_barrier()
+        panel = <unsigned int*>(per + threadid() * _bgemm_thread_scratch(K))
+        tile = per + threadid() * _bgemm_thread_scratch(K) + _lines(GEMM_NC // CYF_BNR * sw * 4)
+        for p in prange(nitems, schedule="dynamic", chunksize=1):
+            if p < nwide:
+                n0 = p * GEMM_NC
+                pw = GEMM_NC
+            else:
+                n0 = tail0 + (p - nwide) * GEMM_TAIL_NC
+                pw = N - n0 if N - n0 < GEMM_TAIL_NC else GEMM_TAIL_NC
+            nstr = (pw + CYF_BNR - 1) // CYF_BNR
+            if W.t:
+                g.pack_t(panel, &W, K, N, n0, pw)
+            else:
+                g.pack(panel, &W, K, N, n0, pw)
+            for tt in range((T + CYF_BMR - 1) // CYF_BMR):
+                t0 = tt * CYF_BMR
+                rows = <int>(T - t0 if T - t0 < CYF_BMR else CYF_BMR)
+                for si in range(nstr):
+                    ns0 = n0 + si * CYF_BNR
+                    nw = N - ns0 if N - ns0 < CYF_BNR else CYF_BNR
+                    g.tile(tile, xp + t0 * np2, np2, rows, panel + si * sw, np2, GEMV_ROWS // 2)
+                    for r in range(rows):
+                        _finish(out + (t0 + r) * N + ns0, tile + r * CYF_BNR, b + ns0 if b != NULL else NULL,
+                                nw, act, accumulate)
 
 
 cdef void gemv_cols(float* out, const float* x, Wt W, const float* b,
@@ -468,6 +534,8 @@ cdef void linear(float* out, const float* x, Wt W, const float* b,
         _gemv(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
     elif _qgemm_of(W):  # the format's integer GEMM
         _gemm_q(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
+    elif _bgemm_of(W):  # the format's bfloat16 GEMM
+        _gemm_b(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
     elif T < GEMM_DIRECT_ROWS and T <= K and W.f.in_place and not W.t:
         _gemm_direct(out, x, W, b, T, K, N, act, accumulate, scratch, nthreads)
     else:
@@ -653,6 +721,20 @@ def integer_gemm(fmt):
     it widens the weights to float32 panels."""
     cdef const cyf_format* f = cyf_format_at(_formats.format_of("integer_gemm", fmt).code)
     return f.qgemm != NULL
+
+
+def prefill_gemm(fmt, transposed=False):
+    """What a product of fmt's matrices with 4 or more rows (prefill) runs on
+    this CPU, named by the activations' type: "int8" (the integer GEMM, x
+    quantized as decode does), "bfloat16" (the bfloat16 GEMM: x rounded to
+    bf16, vdpbf16ps), or "float32" (the weights widened to float32 panels).
+    transposed: for matrices stored [N, K] (a row per output)."""
+    cdef const cyf_format* f = cyf_format_at(_formats.format_of("prefill_gemm", fmt).code)
+    if f.qgemm != NULL and (not transposed or f.qgemm.pack_t != NULL):
+        return "int8"
+    if f.bgemm != NULL:
+        return "bfloat16"
+    return "float32"
 
 
 def prep_bytes(fmt, Py_ssize_t K):

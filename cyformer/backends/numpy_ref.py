@@ -194,21 +194,34 @@ def bf16dp_matvec(x, codes, rows_per_block):
     per output, the row pairs (2p, 2p + 1) from zero, each pair as vdpbf16ps
     does it: the odd row's product added first, then the even one's (an odd
     block ends with a zero pair); the blocks' partial sums added in order."""
+    return bf16dp_gemm(np.asarray(x, F32)[None], codes, rows_per_block)[0]
+
+
+def bf16dp_gemm(x, codes, rows_per_block, transposed=False):
+    """The bfloat16 prefill product x [T, K] @ W as the AVX512-BF16 GEMM
+    (bgemm.h) sums it: every row as bf16dp_matvec, W [K, N] (codes uint16
+    [K, N]), or, with transposed, W [N, K] stored a row per output (codes
+    [N, K]) summed in the same order as its [K, N] transpose.  Returns
+    float32 [T, N]."""
     from ..formats import _bfloat16
+    x = np.asarray(x, F32)
+    codes = codes.T if transposed else codes
     K, N = codes.shape
-    xb = _bf16_daz(_bfloat16(np.asarray(x, F32)))
-    wb = _bf16_daz(codes)
+    xb = _bf16_daz(_bfloat16(x))                                       # [T, K]
+    wb = _bf16_daz(codes)                                              # [K, N]
+    zero = np.zeros((x.shape[0], 1))
     total = None
     for k0 in range(0, K, rows_per_block):
-        part = np.zeros(N, F32)
-        for k in range(k0, min(K, k0 + rows_per_block), 2):
-            if k + 1 < min(K, k0 + rows_per_block):
-                part = _dp_fma(part, xb[k + 1], wb[k + 1])
+        k1 = min(K, k0 + rows_per_block)
+        part = np.zeros((x.shape[0], N), F32)                         # [T, N]
+        for k in range(k0, k1, 2):
+            if k + 1 < k1:
+                part = _dp_fma(part, xb[:, k + 1:k + 2], wb[k + 1])
             else:
-                part = _dp_fma(part, np.float64(0), np.zeros(N))
-            part = _dp_fma(part, xb[k], wb[k])
+                part = _dp_fma(part, zero, np.zeros(N))
+            part = _dp_fma(part, xb[:, k:k + 1], wb[k])
         total = part if total is None else (total + part).astype(F32)
-    return np.zeros(N, F32) if total is None else total
+    return np.zeros((x.shape[0], N), F32) if total is None else total
 
 
 def bf16dp_dot_t(x, codes):
