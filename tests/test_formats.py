@@ -1131,6 +1131,7 @@ def test_bfloat16_gemm(rng, bf16_variant, transposed, T, K, N):
     x = rng.standard_normal((T, K)).astype(np.float32)
     x[1] *= np.float32(2.0 ** -124)  # products and sums below float32's least normal: flushed
     x[1, ::3] = np.float32(2.0 ** -130)  # bf16 denormals, read as zero
+    x[1, 1::5] = np.uint32(0x007FFFFF).view(np.float32)  # a float32 denormal that rounds up to a normal bf16
     got = [linalg.linear_forward(x, W, w_transposed=transposed, threads=n) for n in (1, 2, 3)]
     assert all(np.array_equal(got[0], g) for g in got[1:]), "thread counts differ"
     if bf16_variant:
