@@ -2,9 +2,11 @@
 
 Decode reads every weight once per token, so at a fixed memory bandwidth the
 bytes per weight set the speed.  A ``Packed`` matrix holds one weight matrix
-in a smaller format; the kernels widen it to float32 in registers (the
-matrix-vector path of decode) or while packing GEMM panels (prefill), so
-activations, norms, biases and the KV cache stay float32.
+in a smaller format; the kernels multiply in the weights' precision where
+the CPU can (int8-quantized activations against the integer formats with
+AVX512-VNNI or AVX2, bf16 pairs with AVX512-BF16) and widen the weights to
+float32 elsewhere; activations between products, norms, biases and the KV
+cache stay float32.
 
 Every format is one ``Format`` record in ``TABLE``: its name, stored dtype
 and safetensors tag, bytes per weight, scale layout, converter and
@@ -30,7 +32,7 @@ Orientation: block matrices are [K, N] (inputs, outputs) like the float32
 kernel layout; the embedding / unembedding [V, C] is as is, a row per token
 (``transposed``): its rows are what the embedding looks up and what the
 unembedding's outputs read.  Groups and pairs always run along the input
-dimension.  A format with ``rows_out`` (int8, q8_0, q4_0) stores its data a
+dimension.  A format with ``rows_out`` (bfloat16, int8, q8_0, q4_0) stores its data a
 row per output whatever the matrix (GGUF's layout); ``Packed.shape`` and
 ``transposed`` still describe the float matrix, so callers never see the
 difference, and the kernels read it as [N, K].  Decode streams such a
@@ -52,7 +54,7 @@ class Packed:
     """A weight matrix in a smaller format.
 
     shape: the float matrix's shape, [K, N], or [N, K] when ``transposed``
-    (a row per output).  data: uint16 (bfloat16), int8 [N, K] (a row per
+    (a row per output).  data: uint16 (bfloat16) or int8, [N, K] (a row per
     output whatever the orientation), or uint8 holding two int4 weights a
     byte, paired along the input dimension; q8_0: uint8 [N, K/32 * 34], a
     row of 34-byte block records per output whatever the orientation.
@@ -117,8 +119,9 @@ def packed_layout(fmt, shape, transposed=False):
     return tuple(data), f.storage, scale
 
 
-def _same_shape(K, N, transposed):
-    return ((N, K) if transposed else (K, N)), None
+def _bf16_layout(K, N, transposed):
+    # a row per output in either orientation (rows_out)
+    return (N, K), None
 
 
 def _int8_layout(K, N, transposed):
@@ -215,7 +218,10 @@ def convert(rows, fmt, shape, transposed=False, out=None):
 # set (column_scales).
 
 def _bfloat16_step(p, x, first):
-    p.data[first:first + x.shape[0]] = _bfloat16(x)
+    if p.transposed:  # rows are outputs
+        p.data[first:first + x.shape[0]] = _bfloat16(x)
+    else:  # rows are inputs first .. first + len(x): those columns of every output's row
+        p.data[:, first:first + x.shape[0]] = _bfloat16(x).T
 
 
 def _int8_column_scales(p, rows, steps):
@@ -432,8 +438,7 @@ def dequantize(p):
 
 
 def _bfloat16_dequantize(p):
-    w = (p.data.astype(np.uint32) << 16).view(np.float32).reshape(p.shape)
-    return w.T if p.transposed else w
+    return (p.data.T.astype(np.uint32) << 16).view(np.float32)          # [K, N] from rows_out's [N, K]
 
 
 def _int8_dequantize(p):
@@ -508,7 +513,7 @@ class Format:
 TABLE = {f.name: f for f in (
     Format("float32", 0, np.float32, "F32", 4.0, 1, "none"),
     Format("bfloat16", 1, np.uint16, "BF16", 2.0, 1, "none (the top half of the float32, rounded to nearest even)",
-           _same_shape, None, _bfloat16_step, _bfloat16_dequantize),
+           _bf16_layout, None, _bfloat16_step, _bfloat16_dequantize, rows_out=True),
     Format("int8", 2, np.int8, "I8", 1.0, 1, "float32 per output: w = q * scale, q in [-127, 127]",
            _int8_layout, _int8_column_scales, _int8_step, _int8_dequantize, rows_out=True),
     Format("int4", 3, np.uint8, "U8", 0.5, GROUP,

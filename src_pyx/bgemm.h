@@ -5,13 +5,12 @@
  * (cyf_bf16_pairs_of: the pair (x[2p], x[2p+1]) in one 32-bit lane, zero
  * past K); the weights are packed a panel at a time into strips of pairs
  * (below), and a register tile of CYF_BMR rows by CYF_BNR outputs adds them
- * with vdpbf16ps, two products per float32 lane per instruction.  The float
- * arithmetic is the matrix-vector kernel's (cyf_bf16dp_block), term by
- * term: for each run of bpp pairs (linalg's GEMV_ROWS inputs) a vdpbf16ps
- * chain from zero over the pairs in order, the runs' sums added in order.
- * So every row's outputs are bitwise those of backends/numpy_ref's
- * bf16dp_matvec (and of decode with W [K, N]), whichever orientation W is
- * stored in, at any thread count. */
+ * with vdpbf16ps, two products per float32 lane per instruction: for each
+ * run of bpp pairs (linalg's GEMV_ROWS inputs) a vdpbf16ps chain from zero
+ * over the pairs in order, the runs' sums added in order.  So every row's
+ * outputs are bitwise those of backends/numpy_ref's bf16dp_gemm at any
+ * thread count; decode (bfloat16 is stored a row per output) sums the same
+ * products in 16 lanes per row instead (bf16dp_dot_t), equal to rounding. */
 #ifndef CYFORMER_BGEMM_H
 #define CYFORMER_BGEMM_H
 
@@ -32,7 +31,7 @@ static inline ptrdiff_t cyf_bstrip_words(ptrdiff_t K)
 
 typedef struct cyf_bgemm {
     /* columns n0 .. n0+pw-1 of W [K, N] into ceil(pw / CYF_BNR) strips of
-     * cyf_bstrip_words(K) each, one after another */
+     * cyf_bstrip_words(K) each, one after another (NULL: a rows_out format) */
     void (*pack)(unsigned int *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw);
     /* the same for W [N, K] (a row per output): a row's inputs 2p, 2p+1
      * already are a pair, so packing is a 32-bit transpose */
@@ -44,32 +43,6 @@ typedef struct cyf_bgemm {
 } cyf_bgemm;
 
 #if CYF_HAVE_BF16DP_KERNELS
-/* Packing W [K, N]: rows 2p and 2p+1, 32 columns at a time, interleaved by
- * unpacklo/hi_epi16 and put back in column order by cyf_bf16dp_perm (the
- * matrix-vector kernel's layout, as in cyf_bf16dp_cols). */
-__attribute__((target("avx512bf16")))
-static void cyf_bf16_bpack(unsigned int *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw)
-{
-    (void)N;
-    const ptrdiff_t sw = cyf_bstrip_words(K), np = (K + 1) / 2, ld = W->ld;
-    const ptrdiff_t nch = (pw + CYF_BNR - 1) / CYF_BNR * (CYF_BNR / 32);  /* 32-column chunks, padding included */
-    const unsigned short *base = (const unsigned short *)W->data + n0;
-    const __m512i plo = _mm512_loadu_si512(cyf_bf16dp_perm), phi = _mm512_loadu_si512(cyf_bf16dp_perm + 16);
-    const __m512i zero = _mm512_setzero_si512();
-    for (ptrdiff_t c = 0; c < nch; c++) {
-        const ptrdiff_t j0 = 32 * c, nc = pw - j0 < 0 ? 0 : pw - j0 < 32 ? pw - j0 : 32;
-        const __mmask32 m = nc >= 32 ? ~0u : (__mmask32)((1u << nc) - 1u);
-        unsigned int *dst = panel + (j0 / CYF_BNR) * sw + j0 % CYF_BNR;
-        for (ptrdiff_t p = 0; p < np; p++) {
-            const __m512i r0 = _mm512_maskz_loadu_epi16(m, base + 2 * p * ld + j0);
-            const __m512i r1 = 2 * p + 1 < K ? _mm512_maskz_loadu_epi16(m, base + (2 * p + 1) * ld + j0) : zero;
-            const __m512i lo = _mm512_unpacklo_epi16(r0, r1), hi = _mm512_unpackhi_epi16(r0, r1);
-            _mm512_storeu_si512(dst + p * CYF_BNR, _mm512_permutex2var_epi32(lo, plo, hi));
-            _mm512_storeu_si512(dst + p * CYF_BNR + 16, _mm512_permutex2var_epi32(lo, phi, hi));
-        }
-    }
-}
-
 /* Packing W [N, K]: 16 outputs by 16 pairs at a time, each output's 16
  * pairs one 64-byte load of its row, transposed in registers (4 rounds of
  * 32-bit, 64-bit and 128-bit lane shuffles) into 16 rows of the strip. */
@@ -184,7 +157,8 @@ static void cyf_bf16_btile(float *c, const unsigned int *xp, ptrdiff_t ldx, int 
     cyf_btile_(c, xp, ldx, rows, strip, np, bpp);
 }
 
-static const cyf_bgemm cyf_bf16_bgemm = {cyf_bf16_bpack, cyf_bf16_bpack_t, cyf_bf16_btile};
+/* bfloat16 is always [N, K] (rows_out): no [K, N] packing */
+static const cyf_bgemm cyf_bf16_bgemm = {NULL, cyf_bf16_bpack_t, cyf_bf16_btile};
 #endif
 
 #endif

@@ -114,24 +114,11 @@ static void cyf_f32_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t
 }
 
 /* ---- bfloat16: a weight widens to float32 exactly ------------------------ */
-#define CYF_WIDENED_ROW(NAME, FMT)                                                                        \
-static void cyf_##NAME##_gemv_block(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0,        \
-                                    ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)    \
-{                                                                                                         \
-    (void)N; (void)tmp;                                                                                   \
-    cyf_gemv_rows_fmt(x + k0, W->data, FMT, W->ld, k0, c0, kb, cw, partial);                              \
-}                                                                                                         \
-static void cyf_##NAME##_dot_t(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw,    \
-                               ptrdiff_t K)                                                               \
-{                                                                                                         \
-    for (ptrdiff_t j = 0; j < nw; j++)                                                                    \
-        acc[j] = cyf_dot_q(x, W->data, FMT, W->ld, a + j, 0, K);                                          \
-}
-CYF_WIDENED_ROW(bf16, CYF_BF16)
-
-static void cyf_bf16_pack_run(float *dst, const cyf_wt *W, ptrdiff_t N, ptrdiff_t k, ptrdiff_t n, ptrdiff_t cnt)
+/* always [N, K] (rows_out) */
+static void cyf_bf16_dot_t(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
 {
-    cyf_dequant_run(W->data, CYF_BF16, W->ld, W->scale, N, k, n, cnt, dst);
+    for (ptrdiff_t j = 0; j < nw; j++)
+        acc[j] = cyf_dot_q(x, W->data, CYF_BF16, W->ld, a + j, 0, K);
 }
 
 static void cyf_bf16_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
@@ -866,121 +853,6 @@ static inline void cyf_bf16_pairs_of(const float *x, ptrdiff_t n, unsigned int *
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define CYF_HAVE_BF16DP_KERNELS 1
 
-/* Columns 0 .. n-1 (n <= 32, masked) of rows 0 .. kb-1 of W [K, N] (w: row
- * 0, column 0): one vdpbf16ps chain per column from zero, rows 2p and 2p+1
- * interleaved in registers (unpacklo/hi_epi16: a 32-bit lane holds one
- * column's pair).  The unpacks leave columns 0-3, 8-11, 16-19, 24-27 in the
- * lo vector and 4-7, 12-15, .. in the hi one; cyf_bf16dp_order puts them
- * back.  The ragged end of cyf_bf16dp_gemv_block: the same chains. */
-static const int cyf_bf16dp_perm[32] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23,
-                                        8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
-
-__attribute__((target("avx512bf16")))
-static void cyf_bf16dp_cols(float *out, const unsigned short *w, ptrdiff_t ld, ptrdiff_t kb, const unsigned int *xp,
-                            ptrdiff_t n)
-{
-    const __mmask32 m = n >= 32 ? ~0u : (__mmask32)((1u << n) - 1u);
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 lo = _mm512_setzero_ps(), hi = lo;
-    for (ptrdiff_t k = 0; k < kb; k += 2) {
-        const __m512bh xx = (__m512bh)_mm512_set1_epi32((int)xp[k / 2]);
-        const __m512i r0 = _mm512_maskz_loadu_epi16(m, w + k * ld);
-        const __m512i r1 = k + 1 < kb ? _mm512_maskz_loadu_epi16(m, w + (k + 1) * ld) : zero;
-        lo = _mm512_dpbf16_ps(lo, (__m512bh)_mm512_unpacklo_epi16(r0, r1), xx);
-        hi = _mm512_dpbf16_ps(hi, (__m512bh)_mm512_unpackhi_epi16(r0, r1), xx);
-    }
-    const __m512i plo = _mm512_loadu_si512(cyf_bf16dp_perm), phi = _mm512_loadu_si512(cyf_bf16dp_perm + 16);
-    _mm512_mask_storeu_ps(out, (__mmask16)m, _mm512_permutex2var_ps(lo, plo, hi));
-    _mm512_mask_storeu_ps(out + 16, (__mmask16)(m >> 16), _mm512_permutex2var_ps(lo, phi, hi));
-}
-
-/* partial_r[j] (r < nr, ldp apart) = sum over the row pairs (k0 + 2p,
- * k0 + 2p + 1), p < kb / 2 (an odd kb ends with a zero row), of x_r's pair
- * (ldx apart) times W's, column c0 + j, j < cw: one vdpbf16ps chain per
- * column from zero.  Eight rows (4 pairs) per pass over the partials, rows
- * read as contiguous runs as the widening kernel reads them (walking down
- * 128-column strips with the sums in registers took 1.5x as long with W in
- * DRAM: one core, 768x3072, 16 distinct matrices); each pair's unpacked
- * weights serve every row of x.  Between passes a partial holds each 32
- * columns in the unpacks' order, restored at the end. */
-__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
-cyf_bf16dp_block(float *partial, ptrdiff_t ldp, const float *x, ptrdiff_t ldx, const int nr, const cyf_wt *W,
-                 ptrdiff_t k0, ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw)
-{
-    const ptrdiff_t ld = W->ld, np = (kb + 1) / 2, n32 = cw / 32 * 32;
-    const unsigned short *Wd = (const unsigned short *)W->data + k0 * ld + c0;
-    if (np == 0 || cw <= 0 || nr <= 0) {
-        for (int r = 0; r < nr; r++)
-            for (ptrdiff_t j = 0; j < cw; j++)
-                partial[r * ldp + j] = 0.0f;
-        return;
-    }
-    unsigned int xp[nr * np];
-    for (int r = 0; r < nr; r++)
-        cyf_bf16_pairs_of(x + r * ldx + k0, kb, xp + r * np, np);
-    const __m512i zero = _mm512_setzero_si512();
-    for (ptrdiff_t k = 0; k < kb; k += 8) {
-        const int npass = kb - k >= 8 ? 4 : (int)((kb - k + 1) / 2);  /* pairs in this pass */
-        const unsigned short *w = Wd + k * ld;
-        for (ptrdiff_t j = 0; j < n32; j += 32) {
-            __m512i lo[4], hi[4];
-#pragma GCC unroll 4
-            for (int p = 0; p < 4; p++) {
-                if (p < npass) {
-                    const __m512i r0 = _mm512_loadu_si512(w + 2 * p * ld + j);
-                    const __m512i r1 = k + 2 * p + 1 < kb ? _mm512_loadu_si512(w + (2 * p + 1) * ld + j) : zero;
-                    lo[p] = _mm512_unpacklo_epi16(r0, r1);
-                    hi[p] = _mm512_unpackhi_epi16(r0, r1);
-                }
-            }
-            for (int r = 0; r < nr; r++) {
-                float *pr = partial + r * ldp + j;
-                const unsigned int *xr = xp + r * np + k / 2;
-                __m512 a = k ? _mm512_loadu_ps(pr) : _mm512_setzero_ps();
-                __m512 b = k ? _mm512_loadu_ps(pr + 16) : _mm512_setzero_ps();
-#pragma GCC unroll 4
-                for (int p = 0; p < 4; p++) {
-                    if (p < npass) {
-                        const __m512bh xx = (__m512bh)_mm512_set1_epi32((int)xr[p]);
-                        a = _mm512_dpbf16_ps(a, (__m512bh)lo[p], xx);
-                        b = _mm512_dpbf16_ps(b, (__m512bh)hi[p], xx);
-                    }
-                }
-                _mm512_storeu_ps(pr, a);
-                _mm512_storeu_ps(pr + 16, b);
-            }
-        }
-    }
-    const __m512i plo = _mm512_loadu_si512(cyf_bf16dp_perm), phi = _mm512_loadu_si512(cyf_bf16dp_perm + 16);
-    for (int r = 0; r < nr; r++) {
-        float *pr = partial + r * ldp;
-        for (ptrdiff_t j = 0; j < n32; j += 32) {
-            const __m512 lo = _mm512_loadu_ps(pr + j), hi = _mm512_loadu_ps(pr + j + 16);
-            _mm512_storeu_ps(pr + j, _mm512_permutex2var_ps(lo, plo, hi));
-            _mm512_storeu_ps(pr + j + 16, _mm512_permutex2var_ps(lo, phi, hi));
-        }
-        if (n32 < cw)
-            cyf_bf16dp_cols(pr + n32, Wd + n32, ld, kb, xp + r * np, cw - n32);
-    }
-}
-
-__attribute__((target("avx512bf16")))
-static void cyf_bf16dp_gemv_block(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
-                                  ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
-{
-    (void)N; (void)tmp;
-    cyf_bf16dp_block(partial, 0, x, 0, 1, W, k0, kb, c0, cw);
-}
-
-/* gemv_block for nr rows of x (the batched decode step), row by row the
- * same chains, so each row's partial sums are gemv_block's bits */
-__attribute__((target("avx512bf16")))
-static void cyf_bf16dp_gemv_block_rows(float *partial, ptrdiff_t ldp, const float *x, ptrdiff_t ldx, int nr,
-                                       const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw)
-{
-    cyf_bf16dp_block(partial, ldp, x, ldx, nr, W, k0, kb, c0, cw);
-}
-
 /* x_r . row w of W [N, K] for NX rows of x given as bf16 pairs (xp, ldq
  * apart; NX a constant once inlined): out[r * ldo].  16 lanes per product,
  * lane i taking inputs 32t + 2i and 32t + 2i + 1 by vdpbf16ps (zeros past K),
@@ -1015,44 +887,45 @@ cyf_bf16dp_dot(float *out, ptrdiff_t ldo, const unsigned int *xp, ptrdiff_t ldq,
     }
 }
 
-/* acc[j] = x . row a + j of W [N, K], j < nw: one row of W at a time (four
- * rows side by side read 2x slower from DRAM: one core, 50257x768) */
-__attribute__((target("avx512bf16")))
-static void cyf_bf16dp_dot_t(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+/* x prepared once per product: its bf16 pairs, whole 512-bit loads (a
+ * multiple of 64 bytes) */
+static ptrdiff_t cyf_bf16dp_prep_bytes(ptrdiff_t K)
 {
-    const ptrdiff_t npad = (K + 31) / 32 * 16;  /* whole 512-bit loads of pairs */
-    unsigned int xp[npad > 0 ? npad : 1];
-    cyf_bf16_pairs_of(x, K, xp, npad);
-    const unsigned short *Wd = (const unsigned short *)W->data + a * W->ld;
-    for (ptrdiff_t j = 0; j < nw; j++)
-        cyf_bf16dp_dot(acc + j, 0, xp, 0, 1, Wd + j * W->ld, K);
+    return (K + 31) / 32 * 64;
 }
 
-/* dot_t for nr rows of x (ldx apart): acc[j + r * nw], each row of W
- * loaded once for 4 rows of x; each output is dot_t's chain and tree */
-__attribute__((target("avx512bf16")))
-static void cyf_bf16dp_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                                  ptrdiff_t nw, ptrdiff_t K)
+static void cyf_bf16dp_prep(void *xp, const float *x, ptrdiff_t K)
 {
-    const ptrdiff_t npad = (K + 31) / 32 * 16;
-    unsigned int xp[4 * (npad > 0 ? npad : 1)];
+    cyf_bf16_pairs_of(x, K, (unsigned int *)xp, (K + 31) / 32 * 16);
+}
+
+/* acc[j + r * nw] = prepared row r of x (ldxp bytes apart) . row a + j of
+ * W [N, K]: one row of W at a time (four rows side by side read 2x slower
+ * from DRAM: one core, 50257x768), each loaded once for up to 4 rows of x;
+ * each output is one chain and tree, the same for any number of rows. */
+__attribute__((target("avx512bf16")))
+static void cyf_bf16dp_dot_tp_rows(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                   ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const unsigned int *xp = (const unsigned int *)xpv;
+    const ptrdiff_t ldq = ldxp / 4;
     const unsigned short *Wd = (const unsigned short *)W->data + a * W->ld;
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int m = nr - r0 < 4 ? nr - r0 : 4;
-        for (int r = 0; r < m; r++)
-            cyf_bf16_pairs_of(x + (r0 + r) * ldx, K, xp + r * npad, npad);
+        const unsigned int *x0 = xp + r0 * ldq;
         float *o = acc + r0 * nw;
         for (ptrdiff_t j = 0; j < nw; j++) {
             const unsigned short *w = Wd + j * W->ld;
             switch (m) {  /* a constant row count, so the sums stay in registers */
-            case 4: cyf_bf16dp_dot(o + j, nw, xp, npad, 4, w, K); break;
-            case 3: cyf_bf16dp_dot(o + j, nw, xp, npad, 3, w, K); break;
-            case 2: cyf_bf16dp_dot(o + j, nw, xp, npad, 2, w, K); break;
-            default: cyf_bf16dp_dot(o + j, nw, xp, npad, 1, w, K); break;
+            case 4: cyf_bf16dp_dot(o + j, nw, x0, ldq, 4, w, K); break;
+            case 3: cyf_bf16dp_dot(o + j, nw, x0, ldq, 3, w, K); break;
+            case 2: cyf_bf16dp_dot(o + j, nw, x0, ldq, 2, w, K); break;
+            default: cyf_bf16dp_dot(o + j, nw, x0, ldq, 1, w, K); break;
             }
         }
     }
 }
+CYF_PREP_WRAPPERS(cyf_bf16dp, cyf_bf16dp_prep_bytes, cyf_bf16dp_prep, cyf_bf16dp_dot_tp_rows)
 #else
 #define CYF_HAVE_BF16DP_KERNELS 0
 #endif
@@ -1469,8 +1342,8 @@ CYF_PREP_WRAPPERS(cyf_q40_vnni, cyf_rec_prep_bytes, cyf_q40_prep, cyf_q40_dot_tp
 static cyf_format cyf_formats[] = {
     {"float32", "float32 FMA", 0, 1, cyf_f32_gemv_block, cyf_f32_gemv_block_rows, cyf_f32_dot_t, cyf_f32_dot_t_rows,
      cyf_f32_pack_run, cyf_f32_pack_t},
-    {"bfloat16", "widened to float32, FMA", 0, 0, cyf_bf16_gemv_block, NULL, cyf_bf16_dot_t, NULL, cyf_bf16_pack_run, cyf_bf16_pack_t},
     /* always [N, K] (rows_out): no [K, N] kernels */
+    {"bfloat16", "widened to float32, FMA", 0, 0, NULL, NULL, cyf_bf16_dot_t, NULL, NULL, cyf_bf16_pack_t},
     {"int8", "int8 activations in decode and prefill, generic integer loops", 1, 0, NULL, NULL,
      cyf_i8q_generic_dot_t, cyf_i8q_generic_dot_t_rows, NULL, cyf_i8_pack_t, NULL, cyf_i8q_prep_bytes, cyf_i8q_prep,
      cyf_i8q_dot_tp_rows_generic},
@@ -1495,19 +1368,21 @@ static inline int cyf_formats_select_bf16(int features)
     cyf_format *bf = &cyf_formats[1];
     if (CYF_HAVE_BF16DP_KERNELS && (features & 2)) {
 #if CYF_HAVE_BF16DP_KERNELS
-        bf->gemv_block = cyf_bf16dp_gemv_block;
-        bf->gemv_block_rows = cyf_bf16dp_gemv_block_rows;
         bf->dot_t = cyf_bf16dp_dot_t;
         bf->dot_t_rows = cyf_bf16dp_dot_t_rows;
+        bf->prep_bytes = cyf_bf16dp_prep_bytes;
+        bf->prep = cyf_bf16dp_prep;
+        bf->dot_tp_rows = cyf_bf16dp_dot_tp_rows;
         bf->bgemm = &cyf_bf16_bgemm;
         bf->kernels = "bf16 activations in decode and prefill, AVX512-BF16 vdpbf16ps";
 #endif
         return 2;
     }
-    bf->gemv_block = cyf_bf16_gemv_block;
-    bf->gemv_block_rows = NULL;
     bf->dot_t = cyf_bf16_dot_t;
     bf->dot_t_rows = NULL;
+    bf->prep_bytes = NULL;
+    bf->prep = NULL;
+    bf->dot_tp_rows = NULL;
     bf->bgemm = NULL;
     bf->kernels = "widened to float32, FMA";
     return 0;

@@ -57,12 +57,12 @@ cdef inline Py_ssize_t _gemm_scratch(Py_ssize_t K) noexcept nogil:
 
 cdef inline bint _qgemm_of(Wt W) noexcept nogil:
     # the format has an integer GEMM for W in its orientation
-    return W.f.qgemm != NULL and (not W.t or W.f.qgemm.pack_t != NULL)
+    return W.f.qgemm != NULL and (W.f.qgemm.pack_t != NULL if W.t else W.f.qgemm.pack != NULL)
 
 
 cdef inline bint _bgemm_of(Wt W) noexcept nogil:
-    # the format has a bfloat16 GEMM (bf16 activations; either orientation)
-    return W.f.bgemm != NULL
+    # the format has a bfloat16 GEMM (bf16 activations) for W in its orientation
+    return W.f.bgemm != NULL and (W.f.bgemm.pack_t != NULL if W.t else W.f.bgemm.pack != NULL)
 
 
 cdef inline Py_ssize_t _lines(Py_ssize_t nbytes) noexcept nogil:
@@ -728,11 +728,14 @@ def prefill_gemm(fmt, transposed=False):
     this CPU, named by the activations' type: "int8" (the integer GEMM, x
     quantized as decode does), "bfloat16" (the bfloat16 GEMM: x rounded to
     bf16, vdpbf16ps), or "float32" (the weights widened to float32 panels).
-    transposed: for matrices stored [N, K] (a row per output)."""
-    cdef const cyf_format* f = cyf_format_at(_formats.format_of("prefill_gemm", fmt).code)
-    if f.qgemm != NULL and (not transposed or f.qgemm.pack_t != NULL):
+    transposed: for matrices stored [N, K] (a row per output; a rows_out
+    format's matrices always are)."""
+    rec = _formats.format_of("prefill_gemm", fmt)
+    cdef const cyf_format* f = cyf_format_at(rec.code)
+    cdef bint t = transposed or rec.rows_out
+    if f.qgemm != NULL and (f.qgemm.pack_t != NULL if t else f.qgemm.pack != NULL):
         return "int8"
-    if f.bgemm != NULL:
+    if f.bgemm != NULL and (f.bgemm.pack_t != NULL if t else f.bgemm.pack != NULL):
         return "bfloat16"
     return "float32"
 
@@ -742,6 +745,8 @@ def prep_bytes(fmt, Py_ssize_t K):
     reserved for it) for W [N, K] on this CPU, or None where fmt's kernels
     read x as it is."""
     cdef const cyf_format* f = cyf_format_at(_formats.format_of("prep_bytes", fmt).code)
+    if K < 0:
+        raise ValueError(f"prep_bytes: K must be >= 0, got {K}")
     if f.prep == NULL:
         return None
     return f.prep_bytes(K), 4 * CYF_PREP_FLOATS(K)

@@ -275,14 +275,13 @@ def test_linear_matches_numpy_on_dequantized_weights(rng, fmt, transposed, T, th
         ref = np.stack([q4_matvec(r, p.data, p.scale, 64) for r in x]).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     elif fmt == "bfloat16" and T < 4 and linalg.select_format_kernels()["avx512_bf16"]:
-        # matrix-vector with AVX512-BF16: bf16 activations, vdpbf16ps
-        from cyformer.backends.numpy_ref import bf16dp_dot_t, bf16dp_matvec
-        ref = np.stack([bf16dp_dot_t(r, p.data) if transposed else bf16dp_matvec(r, p.data, 64)
-                        for r in x]).astype(np.float64) + b
+        # matrix-vector with AVX512-BF16: bf16 activations, vdpbf16ps, a row per output either way
+        from cyformer.backends.numpy_ref import bf16dp_dot_t
+        ref = np.stack([bf16dp_dot_t(r, p.data) for r in x]).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     elif fmt == "bfloat16" and linalg.prefill_gemm(fmt) == "bfloat16":  # its GEMM: bf16 activations too
         from cyformer.backends.numpy_ref import bf16dp_gemm
-        ref = bf16dp_gemm(x, p.data, 64, transposed=transposed).astype(np.float64) + b
+        ref = bf16dp_gemm(x, p.data, 64, transposed=True).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     else:
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
@@ -313,11 +312,11 @@ def test_mlp_and_embedding_take_packed_weights(rng, fmt):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=atol)
     elif linalg.prefill_gemm(fmt) == "bfloat16":  # 5 rows: the bfloat16 GEMM, bf16 activations
         from cyformer.backends.numpy_ref import bf16dp_gemm
-        h = bf16dp_gemm(x, W_in.data, 64).astype(np.float64)
+        h = bf16dp_gemm(x, W_in.data, 64, transposed=True).astype(np.float64)
         post = (h[:, :F] / (1 + np.exp(-h[:, :F])) * h[:, F:]).astype(np.float32)
         # a hidden value a rounding away from a bf16 tie may take the
         # neighbouring bf16 value: one step (2^-8 of it) times a weight
-        ref = bf16dp_gemm(post, W_out.data, 64)
+        ref = bf16dp_gemm(post, W_out.data, 64, transposed=True)
         atol = 2 * 2.0 ** -8 * np.abs(post).max() * np.abs(dequantize(W_out)).max()
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=atol)
     else:
@@ -535,26 +534,30 @@ def _edit_saved(path, edit):
         f.write(len(raw).to_bytes(8, "little") + raw + data)
 
 
-def test_int8_saved_before_rows_out_still_loads(tmp_path):
-    """A file written when int8 block matrices were stored [K, N] (no
-    cyformer.rows_out key) loads as today's a-row-per-output arrays, the
-    same model bit for bit."""
-    from safetensors.numpy import load_file
-
+@pytest.mark.parametrize("fmt", ["int8", "bfloat16"])
+def test_saved_before_rows_out_still_loads(tmp_path, fmt):
+    """A file written when int8 or bfloat16 block matrices were stored
+    [K, N] (no cyformer.rows_out key) loads as today's a-row-per-output
+    arrays, the same model bit for bit."""
     from cyformer.saving import write_safetensors
     from cyformer.weights import SAVED_ROWS_OUT_KEY, TRANSPOSED
 
-    m = cyformer.load(dtype="int8")
+    m = cyformer.load(dtype=fmt)
+    storage = np.dtype(TABLE[fmt].storage)
     out = m.save(tmp_path / "new")
     p = os.path.join(out, "model.safetensors")
     with open(p, "rb") as f:
-        meta = json.loads(f.read(int.from_bytes(f.read(8), "little")))["__metadata__"]
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        body = f.read()
+    meta = header.pop("__metadata__")
     assert meta[SAVED_ROWS_OUT_KEY].split(",") == [n for n, f in TABLE.items() if f.rows_out]
     del meta[SAVED_ROWS_OUT_KEY]
-    tensors = load_file(p)
-    old = {n: (np.ascontiguousarray(a.T) if a.dtype == np.int8 and n not in TRANSPOSED else a)
+    dtypes = {"F32": np.float32, "BF16": np.uint16, "I8": np.int8, "U8": np.uint8}
+    tensors = {n: np.frombuffer(body[h["data_offsets"][0]:h["data_offsets"][1]], dtypes[h["dtype"]]).reshape(h["shape"])
+               for n, h in header.items()}
+    old = {n: (np.ascontiguousarray(a.T) if a.dtype == storage and n not in TRANSPOSED else a)
            for n, a in tensors.items()}
-    assert sum(a.dtype == np.int8 and n not in TRANSPOSED for n, a in old.items()) == 4 * m.config.n_layer
+    assert sum(a.dtype == storage and n not in TRANSPOSED for n, a in old.items()) == 4 * m.config.n_layer
     write_safetensors(p, old, meta)
     again = cyformer.load(out)
     w = again.weights.blocks[0].c_fc.weight
@@ -1046,16 +1049,18 @@ def test_bf16dp_reference_rules():
 @pytest.mark.parametrize("K, N", [(1, 5), (2, 33), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_bfloat16_matvec(rng, bf16_variant, K, N, threads):
-    """x [T < 4, K] @ W [K, N] (the decode kernels' gemv_block): vdpbf16ps
-    bitwise the reference at any thread count; either variant within
-    bfloat16's rounding of the float64 product."""
-    from cyformer.backends.numpy_ref import bf16dp_matvec
+    """x [T < 4, K] @ W [K, N], its bf16 codes stored a row per output
+    (rows_out), so decode runs dot_t: vdpbf16ps bitwise the reference at
+    any thread count; either variant within bfloat16's rounding of the
+    float64 product."""
+    from cyformer.backends.numpy_ref import bf16dp_dot_t
     W = _bf16_weights(rng, (K, N))
+    assert W.data.shape == (N, K)
     x = _bf16_special_inputs(rng, 3, K)
     got = linalg.linear_forward(x, W, threads=threads)
     if bf16_variant:
         for t in range(3):
-            _assert_same_bits(got[t], bf16dp_matvec(x[t], W.data, 64))  # 64: linalg's GEMV_ROWS
+            _assert_same_bits(got[t], bf16dp_dot_t(x[t], W.data))
     ref = x[0].astype(np.float64) @ W.dequantize()
     scale = np.abs(x[0]).astype(np.float64) @ np.abs(W.dequantize())
     assert (np.abs(got[0] - ref) <= _bf16_error_bound(bf16_variant, K) * scale + 1e-6).all()
@@ -1135,7 +1140,7 @@ def test_bfloat16_gemm(rng, bf16_variant, transposed, T, K, N):
     got = [linalg.linear_forward(x, W, w_transposed=transposed, threads=n) for n in (1, 2, 3)]
     assert all(np.array_equal(got[0], g) for g in got[1:]), "thread counts differ"
     if bf16_variant:
-        _assert_same_bits(got[0], bf16dp_gemm(x, W.data, 64, transposed=transposed))  # 64: linalg's GEMV_ROWS
+        _assert_same_bits(got[0], bf16dp_gemm(x, W.data, 64, transposed=True))  # 64: linalg's GEMV_ROWS
     Wd = W.dequantize().astype(np.float64)
     Wd = Wd.T if transposed else Wd
     ref = x.astype(np.float64) @ Wd
@@ -1147,18 +1152,20 @@ def test_bfloat16_gemm(rng, bf16_variant, transposed, T, K, N):
 @pytest.mark.parametrize("bf16_variant", BF16_VARIANTS, indirect=True, ids=_bf16_ids)
 @pytest.mark.parametrize("transposed", [False, True], ids=["KN", "NK"])
 def test_bfloat16_gemm_rows_are_decode_rows_and_epilogue(rng, bf16_variant, transposed):
-    """Each row of the GEMM is the matrix-vector path's row bit for bit
-    where both sum in bf16dp_matvec's order (W [K, N]); the epilogue (bias,
-    GELU, accumulate) is applied to the finished sums as in float32."""
+    """Each row of the GEMM is the matrix-vector path's row up to the order
+    of float32 additions (decode sums 16 lanes a row, the GEMM runs of 64
+    inputs); the epilogue (bias, GELU, accumulate) is applied to the
+    finished sums as in float32."""
     from cyformer.backends.numpy_ref import bf16dp_gemm
     K, N, T = 130, 97, 9
     W = _bf16_weights(rng, (N, K) if transposed else (K, N), transposed)
     x = rng.standard_normal((T, K)).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32)
     got = linalg.linear_forward(x, W, b, w_transposed=transposed)
-    if bf16_variant and not transposed:
-        rows = np.concatenate([linalg.linear_forward(x[t:t + 1], W, b) for t in range(T)])
-        assert np.array_equal(got, rows)
+    rows = np.concatenate([linalg.linear_forward(x[t:t + 1], W, b, w_transposed=transposed) for t in range(T)])
+    Wd = np.abs(W.dequantize().astype(np.float64))
+    scale = np.abs(x).astype(np.float64) @ (Wd.T if transposed else Wd)
+    assert (np.abs(got - rows) <= 2 * K * 2.0 ** -24 * scale + 1e-6).all()
     out = rng.standard_normal((T, N)).astype(np.float32)
     acc = out.copy()
     linalg.linear_forward(x, W, b, out=acc, w_transposed=transposed, accumulate=True)
@@ -1167,7 +1174,7 @@ def test_bfloat16_gemm_rows_are_decode_rows_and_epilogue(rng, bf16_variant, tran
     np.testing.assert_allclose(gelu, 0.5 * got * (1 + np.tanh(0.7978845608 * (got + 0.044715 * got ** 3))),
                                rtol=1e-5, atol=1e-6)
     if bf16_variant:
-        _assert_same_bits(got, bf16dp_gemm(x, W.data, 64, transposed=transposed) + b)
+        _assert_same_bits(got, bf16dp_gemm(x, W.data, 64, transposed=True) + b)
 
 
 @pytest.mark.parametrize("bf16_variant", BF16_VARIANTS, indirect=True, ids=_bf16_ids)

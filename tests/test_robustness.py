@@ -588,7 +588,8 @@ def test_every_public_kernel_wrapper_is_covered():
                "norm.rms_norm_forward", "norm.norm_forward", "activations.swiglu_forward",
                "attention.rope_forward",
                "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty",
-               "linalg.format_kernels", "linalg.select_format_kernels", "linalg.integer_gemm"}
+               "linalg.format_kernels", "linalg.select_format_kernels", "linalg.integer_gemm",
+               "linalg.prefill_gemm", "linalg.prep_bytes"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
 
 
@@ -601,6 +602,20 @@ def test_select_format_kernels_refuses_bad_features():
     used = linalg.select_format_kernels()
     assert set(used) and all(isinstance(v, bool) for v in used.values())
     assert set(linalg.format_kernels()) == set(cyformer.formats.TABLE)
+
+
+def test_prefill_gemm_and_prep_bytes_name_bad_arguments():
+    for bad in ("float16", None, 3):
+        with pytest.raises(ValueError, match="prefill_gemm: format must be one of"):
+            linalg.prefill_gemm(bad)
+        with pytest.raises(ValueError, match="prep_bytes: format must be one of"):
+            linalg.prep_bytes(bad, 64)
+    with pytest.raises(ValueError, match="K must be >= 0"):
+        linalg.prep_bytes("int8", -1)
+    with pytest.raises(TypeError):
+        linalg.prep_bytes("int8", "64")
+    assert linalg.prep_bytes("float32", 64) is None
+    assert all(linalg.prefill_gemm(f) in ("int8", "bfloat16", "float32") for f in cyformer.formats.TABLE)
 
 
 def test_integer_gemm_names_a_bad_format():
