@@ -44,35 +44,8 @@ typedef struct cyf_bgemm {
 
 #if CYF_HAVE_BF16DP_KERNELS
 /* Packing W [N, K]: 16 outputs by 16 pairs at a time, each output's 16
- * pairs one 64-byte load of its row, transposed in registers (4 rounds of
- * 32-bit, 64-bit and 128-bit lane shuffles) into 16 rows of the strip. */
-__attribute__((target("avx512bf16"), always_inline))
-static inline void cyf_transpose16_epi32(__m512i *r)
-{
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* r[4q + s], 128-bit lane L: element 4L + s of rows 4q .. 4q+3; then
-     * the lanes are gathered so that r[e] is element e of rows 0 .. 15 */
-    for (int i = 0; i < 8; i++) {
-        const int a = (i & 3) + (i >> 2) * 8;  /* pairs (0,4) (1,5) (2,6) (3,7) (8,12) ... */
-        t[a] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0x88);
-        t[a + 4] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0xDD);
-    }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-    }
-}
-
+ * pairs one 64-byte load of its row, transposed in registers
+ * (cyf_transpose16_epi32) into 16 rows of the strip. */
 __attribute__((target("avx512bf16")))
 static void cyf_bf16_bpack_t(unsigned int *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
                              ptrdiff_t pw)

@@ -366,9 +366,8 @@ static void cyf_i4_qpack_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K
 }
 
 /* cyf_i8_qpack_t with AVX-512: 16 rows' 64-byte runs are 16 x 16 dwords
- * (4 inputs of one output each); a transpose (two rounds of unpacks, two
- * of 128-bit lane shuffles) makes each vector one quad of inputs for the 16
- * outputs, half a row of the strip.  Outputs past pw and inputs past K load
+ * (4 inputs of one output each); transposed, each vector is one quad of
+ * inputs for the 16 outputs, half a row of the strip.  Outputs past pw and inputs past K load
  * as 0, stored as 128 (w = 0).  The same bytes as the generic packing. */
 __attribute__((target("avx512vnni")))
 static void cyf_i8_qpack_t_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
@@ -386,33 +385,14 @@ static void cyf_i8_qpack_t_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t
             for (ptrdiff_t k0 = 0; k0 < Kp; k0 += 64) {
                 const ptrdiff_t kn = K - k0 >= 64 ? 64 : K - k0 > 0 ? K - k0 : 0;
                 const __mmask64 m = kn == 64 ? ~(__mmask64)0 : ((__mmask64)1 << kn) - 1;
-                __m512i v[16], t[16];
+                __m512i v[16];
                 for (int r = 0; r < 16; r++)
                     v[r] = j0 + r < pw && kn ? _mm512_maskz_loadu_epi8(m, (const signed char *)W->data
                                                                           + (n0 + j0 + r) * W->ld + k0)
                                              : zero;
-                for (int i = 0; i < 8; i++) {
-                    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-                    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-                }
-                for (int g = 0; g < 4; g++) {  /* v[4g + c], lane L: input quad 4L + c of rows 4g .. 4g+3 */
-                    v[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-                    v[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-                    v[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-                    v[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-                }
-                for (int c = 0; c < 4; c++) {
-                    const __m512i x0 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0x44);
-                    const __m512i x1 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x44);
-                    const __m512i x2 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0xEE);
-                    const __m512i x3 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xEE);
-                    t[c] = _mm512_shuffle_i32x4(x0, x1, 0x88);        /* quad c */
-                    t[4 + c] = _mm512_shuffle_i32x4(x0, x1, 0xDD);    /* quad 4 + c */
-                    t[8 + c] = _mm512_shuffle_i32x4(x2, x3, 0x88);    /* quad 8 + c */
-                    t[12 + c] = _mm512_shuffle_i32x4(x2, x3, 0xDD);   /* quad 12 + c */
-                }
+                cyf_transpose16_epi32(v);  /* v[i]: input quad k0 / 4 + i of the 16 outputs */
                 for (int i = 0; i < 16 && k0 + 4 * i < Kp; i++)
-                    _mm512_storeu_si512(strip + (k0 / 4 + i) * (4 * CYF_QNR) + h * 64, _mm512_xor_si512(t[i], flip));
+                    _mm512_storeu_si512(strip + (k0 / 4 + i) * (4 * CYF_QNR) + h * 64, _mm512_xor_si512(v[i], flip));
             }
         }
     }

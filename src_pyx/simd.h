@@ -965,4 +965,37 @@ static inline double cyf_exp_shift_n(float *x, ptrdiff_t n, float shift)
     return cyf_lanes8(a, b, x, i, n, 0.0, 0);
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* r[i] (16 rows of 16 dwords) transposed in registers: r[e] becomes dword e
+ * of rows 0 .. 15 (4 rounds of 32-bit, 64-bit and 128-bit lane shuffles).
+ * The GEMMs' packers of rows-per-output matrices use it. */
+__attribute__((always_inline))
+static inline void cyf_transpose16_epi32(__m512i *r)
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4q + s], 128-bit lane L: element 4L + s of rows 4q .. 4q+3; then
+     * the lanes are gathered so that r[e] is element e of rows 0 .. 15 */
+    for (int i = 0; i < 8; i++) {
+        const int a = (i & 3) + (i >> 2) * 8;  /* pairs (0,4) (1,5) (2,6) (3,7) (8,12) ... */
+        t[a] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0x88);
+        t[a + 4] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0xDD);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+    }
+}
+#endif
+
 #endif
