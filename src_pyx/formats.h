@@ -140,13 +140,6 @@ static void cyf_i8_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t 
 }
 
 /* ---- int4: a scale per output and group of CYF_GROUP inputs ------------- */
-static void cyf_i4_dot_t(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    const ptrdiff_t ng = (K + CYF_GROUP - 1) / CYF_GROUP;
-    for (ptrdiff_t j = 0; j < nw; j++)
-        acc[j] = cyf_dot_q4(x, W->data, W->ld, a + j, W->scale + (a + j) * ng, K);
-}
-
 static void cyf_i4_pack_run(float *dst, const cyf_wt *W, ptrdiff_t N, ptrdiff_t k, ptrdiff_t n, ptrdiff_t cnt)
 {
     cyf_dequant_run(W->data, CYF_I4, W->ld, W->scale, N, k, n, cnt, dst);
@@ -358,6 +351,114 @@ static void NAME##_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr,
     TP_ROWS(acc, xp, lp, nr, W, a, nw, K);                                                               \
 }
 CYF_PREP_WRAPPERS(cyf_i8q_generic, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp_rows_generic)
+
+/* ---- int4 [N, K] (a row per output) times int8 activations ---------------
+ * Byte p of a row holds input 2p in its low nibble and 2p + 1 in its high
+ * one (nibble = code + 8), with a float32 scale per group of CYF_GROUP
+ * inputs (a group is an activation block).  x is quantized as for int8,
+ * blocks of CYF_QB from input 0.  A chunk is 128 inputs, one 64-byte run
+ * of a row, 4 groups: each output sums in 16 float lanes, lane l of chunk c
+ * taking the exact integer sum of inputs 128c + 8l .. 128c + 8l + 7 (a
+ * quarter of group 4c + l/4) times float32(d_x * s_w) of that group, added
+ * with one rounding (fmaf), chunk after chunk; then cyf_lanes16_sum's tree.
+ * The low nibbles of a run are its even inputs and the high ones the odd,
+ * so x's codes are split once into even and odd (no shuffle of the
+ * weights).  numpy_ref.q4_matvec_t is the reference, bit for bit. */
+#define CYF_Q4C 128  /* inputs per chunk */
+
+/* x[0:K] -> per chunk c < nch = ceil(K / CYF_Q4C): the even inputs' codes
+ * qe[64c + b] = q[128c + 2b] and the odd ones' qo[64c + b] = q[128c + 2b + 1]
+ * (zero past K), each lane's d_x dl[16c + l] (0 past K) and corr[16c + l] =
+ * -8 * the sum of the lane's 8 codes (the nibbles' +8 taken off). */
+static inline void cyf_q4_row_t(const float *x, ptrdiff_t K, signed char *qe, signed char *qo, float *dl, int *corr)
+{
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C;
+    signed char q[CYF_Q4C];
+    for (ptrdiff_t c = 0; c < nch; c++) {
+        for (int g = 0; g < CYF_Q4C / CYF_QB; g++) {
+            const ptrdiff_t k0 = c * CYF_Q4C + g * CYF_QB, n = K - k0 < CYF_QB ? K - k0 : CYF_QB;
+            float d = 0.0f;
+            if (n > 0)
+                d = cyf_q8_block(x + k0, n, q + g * CYF_QB);
+            else
+                memset(q + g * CYF_QB, 0, CYF_QB);
+            for (int l = 0; l < 4; l++)
+                dl[c * 16 + 4 * g + l] = d;
+        }
+        for (int b = 0; b < CYF_Q4C / 2; b++) {
+            qe[c * 64 + b] = q[2 * b];
+            qo[c * 64 + b] = q[2 * b + 1];
+        }
+        for (int l = 0; l < 16; l++) {
+            int s = 0;
+            for (int i = 0; i < 8; i++)
+                s += q[8 * l + i];
+            corr[c * 16 + l] = -8 * s;
+        }
+    }
+}
+
+/* One output: row w (ceil(K/2) bytes) and its group scales sc against x's
+ * chunks (cyf_q4_row_t), in the lane order above. */
+static inline float cyf_i4q_row_dot_t(const unsigned char *w, const float *sc, const signed char *qe,
+                                      const signed char *qo, const float *dl, const int *corr, ptrdiff_t K)
+{
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, nbytes = (K + 1) / 2, ng = (K + CYF_GROUP - 1) / CYF_GROUP;
+    float lane[16] = {0.0f};
+    for (ptrdiff_t c = 0; c < nch; c++) {
+        const ptrdiff_t b0 = c * 64;
+        int s[16];
+        for (int l = 0; l < 16; l++)
+            s[l] = corr[c * 16 + l];
+        if (b0 + 64 <= nbytes) {  /* the products first: a loop the compiler vectorizes */
+            short pr[64];
+            for (int b = 0; b < 64; b++)
+                pr[b] = (short)((w[b0 + b] & 15) * qe[b0 + b] + (w[b0 + b] >> 4) * qo[b0 + b]);
+            for (int l = 0; l < 16; l++)
+                s[l] += pr[4 * l] + pr[4 * l + 1] + pr[4 * l + 2] + pr[4 * l + 3];
+        } else {  /* the last, partial chunk: no byte read past the row's end */
+            for (ptrdiff_t b = b0; b < nbytes; b++)
+                s[(b - b0) / 4] += (w[b] & 15) * qe[b] + (w[b] >> 4) * qo[b];
+        }
+        float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  /* the chunk's group scales, 0 past the row's */
+        for (int g = 0; g < 4; g++)
+            if (4 * c + g < ng)
+                s4[g] = sc[4 * c + g];
+        for (int l = 0; l < 16; l++)
+            lane[l] = __builtin_fmaf(dl[c * 16 + l] * s4[l / 4], (float)s[l], lane[l]);
+    }
+    return cyf_lanes16_sum(lane);
+}
+
+/* dot_t for nr rows of x (dot_t: nr = 1): x quantized once per call, 8
+ * rows at a time, then each row of W read once for those rows. */
+static void cyf_i4q_dot_t_rows_generic(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W,
+                                       ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, nc1 = nch ? nch : 1;
+    const ptrdiff_t ng = (K + CYF_GROUP - 1) / CYF_GROUP;
+    signed char qe[8 * nc1 * 64], qo[8 * nc1 * 64];
+    float dl[8 * nc1 * 16];
+    int corr[8 * nc1 * 16];
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const int m = nr - r0 < 8 ? nr - r0 : 8;
+        for (int r = 0; r < m; r++)
+            cyf_q4_row_t(x + (r0 + r) * ldx, K, qe + r * nch * 64, qo + r * nch * 64, dl + r * nch * 16,
+                         corr + r * nch * 16);
+        for (ptrdiff_t j = 0; j < nw; j++) {
+            const unsigned char *w = (const unsigned char *)W->data + (a + j) * W->ld;
+            const float *sc = W->scale + (a + j) * ng;
+            for (int r = 0; r < m; r++)
+                acc[(r0 + r) * nw + j] = cyf_i4q_row_dot_t(w, sc, qe + r * nch * 64, qo + r * nch * 64,
+                                                           dl + r * nch * 16, corr + r * nch * 16, K);
+        }
+    }
+}
+
+static void cyf_i4q_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    cyf_i4q_dot_t_rows_generic(acc, x, K, 1, W, a, nw, K);
+}
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define CYF_HAVE_VNNI_KERNELS 1
@@ -650,6 +751,182 @@ static void cyf_i8q_dot_tp_rows_vnni(float *acc, const void *xpv, ptrdiff_t ldxp
     }
 }
 CYF_PREP_WRAPPERS(cyf_i8q_vnni, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp_rows_vnni)
+
+/* cyf_q4_row_t in AVX-512, the same bits: cyf_q8_block's float steps per
+ * block of 32 (max of |x| is exact in any order, NaN/Inf found by an
+ * ordered compare), the codes split into even and odd inputs by two
+ * permutes, and each lane's correction from its 8 codes by vpdpbusd with
+ * ones.  Quantizing x scalar took about a tenth of a 3072 x 768 product
+ * from L3 (one call per 512 outputs). */
+__attribute__((target("avx512vnni")))
+static inline void cyf_q4_row_t_vnni(const float *x, ptrdiff_t K, signed char *qe, signed char *qo, float *dl,
+                                     int *corr)
+{
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C;
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1)), ones = _mm512_set1_epi8(1);
+    const __m512 big = _mm512_set1_ps(3.40282347e38f), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+    for (ptrdiff_t c = 0; c < nch; c++) {
+        for (int g = 0; g < CYF_Q4C / CYF_QB; g++) {
+            const ptrdiff_t k0 = c * CYF_Q4C + g * CYF_QB, n = K - k0 < CYF_QB ? K - k0 : CYF_QB;
+            const __mmask32 m = n >= CYF_QB ? ~(__mmask32)0 : n > 0 ? ((__mmask32)1 << n) - 1 : 0;
+            const __m512 v0 = _mm512_maskz_loadu_ps((__mmask16)m, x + k0);
+            const __m512 v1 = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), x + k0 + 16);
+            const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
+            const int finite = (__mmask16)(_mm512_cmp_ps_mask(a0, big, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, big, _CMP_LE_OQ))
+                               == (__mmask16)0xFFFF;
+            float d = 0.0f;
+            __m512i q0 = _mm512_setzero_si512(), q1 = q0;
+            if (!finite) {
+                d = __builtin_nanf("");
+            } else if (n > 0) {
+                d = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) / 127.0f;
+                const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+                /* rint, then clamped with a NaN kept NaN (code 0), as cyf_q8_block does */
+                const __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(v0, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                const __m512 r1 = _mm512_roundscale_ps(_mm512_mul_ps(v1, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                q0 = _mm512_cvtps_epi32(_mm512_max_ps(lo, _mm512_min_ps(hi, r0)));
+                q1 = _mm512_cvtps_epi32(_mm512_max_ps(lo, _mm512_min_ps(hi, r1)));
+            }
+            _mm_storeu_si128((__m128i *)(qe + c * 64 + g * 16), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q0, even, q1)));
+            _mm_storeu_si128((__m128i *)(qo + c * 64 + g * 16), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q0, odd, q1)));
+            for (int l = 0; l < 4; l++)
+                dl[c * 16 + 4 * g + l] = d;
+        }
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones,
+                                                                  _mm512_loadu_si512(qe + c * 64)),
+                                              ones, _mm512_loadu_si512(qo + c * 64));
+        _mm512_storeu_si512(corr + c * 16, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 3)));
+    }
+}
+
+/* int4 [N, K] with AVX512-VNNI: a 64-byte run of a row is one chunk; its
+ * low nibbles (& 15) meet the even codes and its high ones (>> 4) the odd
+ * codes in two vpdpbusd (nibbles unsigned, codes signed) into the same
+ * int32 lanes, each lane starting from its correction, so lane l holds the
+ * exact sum of cyf_i4q_row_dot_t's lane l.  The group scales of the chunk
+ * (4 floats) are spread over the lanes by one permute.  A tile of MX rows of
+ * x and MW rows of W shares every load; MX, MW are constants once inlined. */
+__attribute__((target("avx512vnni"), always_inline))
+static inline void cyf_i4q_dot_t_tile(float *acc, ptrdiff_t ldacc, const unsigned char *w, ptrdiff_t ld,
+                                      const float *sc, ptrdiff_t ng, const int MW, const signed char *qe,
+                                      const signed char *qo, const int *corr, const float *dl, const int MX,
+                                      ptrdiff_t nch, ptrdiff_t K)
+{
+    const __m512i nib = _mm512_set1_epi8(15);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const ptrdiff_t nbytes = (K + 1) / 2, full = nbytes / 64;
+    const __mmask64 last = full < nch ? (__mmask64)-1 >> (64 - (nbytes - full * 64)) : 0;
+    const __mmask8 lastg = full < nch ? (__mmask8)((1u << (ng - 4 * full)) - 1u) : 0;
+    __m512 f[4][2];
+    for (int r = 0; r < MX; r++)
+        for (int m = 0; m < MW; m++)
+            f[r][m] = _mm512_setzero_ps();
+#define CYF_I4Q_T_STEP(LOADW, LOADS)                                                                      \
+    do {                                                                                                  \
+        __m512i lo[2], hi[2];                                                                             \
+        __m512 s16[2];                                                                                    \
+        for (int m = 0; m < MW; m++) {                                                                    \
+            const __m512i v = LOADW(w + m * ld + c * 64);                                                 \
+            lo[m] = _mm512_and_si512(v, nib);                                                             \
+            hi[m] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);                                       \
+            s16[m] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(LOADS(sc + m * ng + 4 * c)));   \
+        }                                                                                                 \
+        for (int r = 0; r < MX; r++) {                                                                    \
+            const __m512i e = _mm512_loadu_si512(qe + (r * nch + c) * 64);                                \
+            const __m512i o = _mm512_loadu_si512(qo + (r * nch + c) * 64);                                \
+            const __m512i k = _mm512_loadu_si512(corr + (r * nch + c) * 16);                              \
+            const __m512 d = _mm512_loadu_ps(dl + (r * nch + c) * 16);                                    \
+            for (int m = 0; m < MW; m++) {                                                                \
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(k, lo[m], e), hi[m], o);        \
+                f[r][m] = _mm512_fmadd_ps(_mm512_mul_ps(d, s16[m]), _mm512_cvtepi32_ps(s), f[r][m]);      \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+#define CYF_LOAD_W(P) _mm512_loadu_si512(P)
+#define CYF_LOAD_S(P) _mm_loadu_ps(P)
+#define CYF_LOAD_W_LAST(P) _mm512_maskz_loadu_epi8(last, P)
+#define CYF_LOAD_S_LAST(P) _mm_maskz_loadu_ps(lastg, P)
+    ptrdiff_t c = 0;
+    for (; c < full; c++)
+        CYF_I4Q_T_STEP(CYF_LOAD_W, CYF_LOAD_S);
+    if (c < nch)
+        CYF_I4Q_T_STEP(CYF_LOAD_W_LAST, CYF_LOAD_S_LAST);
+#undef CYF_LOAD_W
+#undef CYF_LOAD_S
+#undef CYF_LOAD_W_LAST
+#undef CYF_LOAD_S_LAST
+#undef CYF_I4Q_T_STEP
+    for (int r = 0; r < MX; r++)
+        for (int m = 0; m < MW; m++) {  /* cyf_lanes16_sum's tree */
+            const __m512 v = f[r][m];
+            const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+            const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+            const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            acc[r * ldacc + m] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+        }
+}
+
+/* acc[j + r * nw] = row r of x (ldx apart) . row a + j of W [N, K]: x is
+ * quantized 4 rows at a time, then every 2 rows of W meet those 4 from
+ * registers (one row of x: one row of W at a time, as int8's, which
+ * streams best from DRAM); every row's arithmetic is the one-row
+ * kernel's. */
+__attribute__((target("avx512vnni")))
+static void cyf_i4q_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                                    ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, ld = W->ld, nc1 = nch ? nch : 1;
+    const ptrdiff_t ng = (K + CYF_GROUP - 1) / CYF_GROUP;
+    const unsigned char *Wd = (const unsigned char *)W->data + a * ld;
+    const float *S = W->scale + a * ng;
+    signed char qe[4 * nc1 * 64], qo[4 * nc1 * 64];
+    float dl[4 * nc1 * 16];
+    int corr[4 * nc1 * 16];
+    if (nr > 1)
+        for (ptrdiff_t i = 0; i < nw * ld; i += 64)
+            __builtin_prefetch(Wd + i, 0, 2);
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int mx = nr - r0 < 4 ? nr - r0 : 4;
+        for (int r = 0; r < mx; r++)
+            cyf_q4_row_t_vnni(x + (r0 + r) * ldx, K, qe + r * nch * 64, qo + r * nch * 64, dl + r * nch * 16,
+                              corr + r * nch * 16);
+        float *ar = acc + r0 * nw;
+        ptrdiff_t j = 0;
+#define CYF_I4Q_TILE(MW, MX) cyf_i4q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, S + j * ng, ng, MW, qe, qo, corr, dl, \
+                                                MX, nch, K)
+        switch (mx) {  /* constant tile shapes: the accumulators stay in registers */
+        case 1:
+            for (; j < nw; j++)
+                CYF_I4Q_TILE(1, 1);
+            break;
+        case 2:
+            for (; j + 2 <= nw; j += 2)
+                CYF_I4Q_TILE(2, 2);
+            break;
+        case 3:
+            for (; j + 2 <= nw; j += 2)
+                CYF_I4Q_TILE(2, 3);
+            break;
+        default:
+            for (; j + 2 <= nw; j += 2)
+                CYF_I4Q_TILE(2, 4);
+        }
+        for (; j < nw; j++)
+            switch (mx) {
+            case 2: CYF_I4Q_TILE(1, 2); break;
+            case 3: CYF_I4Q_TILE(1, 3); break;
+            default: CYF_I4Q_TILE(1, 4);
+            }
+#undef CYF_I4Q_TILE
+    }
+}
+
+__attribute__((target("avx512vnni")))
+static void cyf_i4q_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    cyf_i4q_dot_t_rows_vnni(acc, x, K, 1, W, a, nw, K);
+}
 #else
 #define CYF_HAVE_VNNI_KERNELS 0
 #endif
@@ -796,6 +1073,99 @@ static void cyf_i4q_gemv_block_avx2(float *partial, const float *x, const cyf_wt
         rest.scale = W->scale + j;
         cyf_i4q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
     }
+}
+
+/* int4 [N, K] (a row per output) with AVX2: cyf_i4q_row_dot_t's 16 lanes as
+ * two ymm registers per row of x.  vpmaddubsw multiplies the unsigned
+ * nibbles by the signed codes (pair sums at most 2 * 15 * 127, the even and
+ * odd inputs' added in 16 bits), vpmaddwd by ones gives each lane's 8
+ * products, plus its correction: the same integers and float steps as the
+ * VNNI kernel, so the same bits.  The last chunk's bytes and scales are
+ * copied into zeroed buffers (no masked byte loads in AVX2).  Each row of
+ * W serves up to 4 rows of x. */
+__attribute__((target("avx2,fma"), always_inline))
+static inline void cyf_i4q_dot_t_avx2_row(float *acc, ptrdiff_t ldacc, const unsigned char *w, const float *sc,
+                                          ptrdiff_t ng, const signed char *qe, const signed char *qo, const int *corr,
+                                          const float *dl, const int MX, ptrdiff_t nch, ptrdiff_t K)
+{
+    const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i sa = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), sb = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    const ptrdiff_t nbytes = (K + 1) / 2, full = nbytes / 64;
+    __m256 f[4][2];
+    for (int r = 0; r < MX; r++)
+        f[r][0] = f[r][1] = _mm256_setzero_ps();
+    for (ptrdiff_t c = 0; c < nch; c++) {
+        const unsigned char *wc = w + c * 64;
+        const float *s4 = sc + 4 * c;
+        unsigned char wbuf[64];
+        float sbuf[4];
+        if (c >= full) {  /* the last, partial chunk */
+            memset(wbuf, 0, sizeof wbuf);
+            memcpy(wbuf, wc, (size_t)(nbytes - c * 64));
+            sbuf[0] = sbuf[1] = sbuf[2] = sbuf[3] = 0.0f;
+            memcpy(sbuf, s4, (size_t)(ng - 4 * c) * sizeof(float));
+            wc = wbuf;
+            s4 = sbuf;
+        }
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)wc), w1 = _mm256_loadu_si256((const __m256i *)(wc + 32));
+        const __m256i l0 = _mm256_and_si256(w0, nib), h0 = _mm256_and_si256(_mm256_srli_epi16(w0, 4), nib);
+        const __m256i l1 = _mm256_and_si256(w1, nib), h1 = _mm256_and_si256(_mm256_srli_epi16(w1, 4), nib);
+        const __m256 sv = _mm256_castps128_ps256(_mm_loadu_ps(s4));
+        const __m256 s0 = _mm256_permutevar8x32_ps(sv, sa), s1 = _mm256_permutevar8x32_ps(sv, sb);
+        for (int r = 0; r < MX; r++) {
+            const signed char *e = qe + (r * nch + c) * 64, *o = qo + (r * nch + c) * 64;
+            const int *k = corr + (r * nch + c) * 16;
+            const float *d = dl + (r * nch + c) * 16;
+            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(l0, _mm256_loadu_si256((const __m256i *)e)),
+                                                _mm256_maddubs_epi16(h0, _mm256_loadu_si256((const __m256i *)o)));
+            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(l1, _mm256_loadu_si256((const __m256i *)(e + 32))),
+                                                _mm256_maddubs_epi16(h1, _mm256_loadu_si256((const __m256i *)(o + 32))));
+            const __m256i i0 = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_loadu_si256((const __m256i *)k));
+            const __m256i i1 = _mm256_add_epi32(_mm256_madd_epi16(p1, ones), _mm256_loadu_si256((const __m256i *)(k + 8)));
+            f[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d), s0), _mm256_cvtepi32_ps(i0), f[r][0]);
+            f[r][1] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d + 8), s1), _mm256_cvtepi32_ps(i1), f[r][1]);
+        }
+    }
+    for (int r = 0; r < MX; r++) {  /* cyf_lanes16_sum's tree */
+        const __m256 s8 = _mm256_add_ps(f[r][0], f[r][1]);
+        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        acc[r * ldacc] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    }
+}
+
+__attribute__((target("avx2,fma")))
+static void cyf_i4q_dot_t_rows_avx2(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
+                                    ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, nc1 = nch ? nch : 1;
+    const ptrdiff_t ng = (K + CYF_GROUP - 1) / CYF_GROUP;
+    signed char qe[4 * nc1 * 64], qo[4 * nc1 * 64];
+    float dl[4 * nc1 * 16];
+    int corr[4 * nc1 * 16];
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int m = nr - r0 < 4 ? nr - r0 : 4;
+        for (int r = 0; r < m; r++)
+            cyf_q4_row_t(x + (r0 + r) * ldx, K, qe + r * nch * 64, qo + r * nch * 64, dl + r * nch * 16,
+                         corr + r * nch * 16);
+        for (ptrdiff_t j = 0; j < nw; j++) {
+            const unsigned char *w = (const unsigned char *)W->data + (a + j) * W->ld;
+            const float *sc = W->scale + (a + j) * ng;
+            float *o = acc + r0 * nw + j;
+            switch (m) {  /* a constant row count, so the sums stay in registers */
+            case 4: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, qe, qo, corr, dl, 4, nch, K); break;
+            case 3: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, qe, qo, corr, dl, 3, nch, K); break;
+            case 2: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, qe, qo, corr, dl, 2, nch, K); break;
+            default: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, qe, qo, corr, dl, 1, nch, K); break;
+            }
+        }
+    }
+}
+
+__attribute__((target("avx2,fma")))
+static void cyf_i4q_dot_t_avx2(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    cyf_i4q_dot_t_rows_avx2(acc, x, K, 1, W, a, nw, K);
 }
 #else
 #define CYF_HAVE_AVX2_KERNELS 0
@@ -1347,8 +1717,8 @@ static cyf_format cyf_formats[] = {
     {"int8", "int8 activations in decode and prefill, generic integer loops", 1, 0, NULL, NULL,
      cyf_i8q_generic_dot_t, cyf_i8q_generic_dot_t_rows, NULL, cyf_i8_pack_t, NULL, cyf_i8q_prep_bytes, cyf_i8q_prep,
      cyf_i8q_dot_tp_rows_generic},
-    {"int4", "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA", 0, 0,
-     cyf_i4q_gemv_block_generic, NULL, cyf_i4_dot_t, NULL, cyf_i4_pack_run, cyf_i4_pack_t},
+    {"int4", "int8 activations in decode and prefill, generic integer loops", 0, 0, cyf_i4q_gemv_block_generic, NULL,
+     cyf_i4q_dot_t_generic, cyf_i4q_dot_t_rows_generic, cyf_i4_pack_run, cyf_i4_pack_t},
     {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t_generic,
      cyf_q80_dot_t_rows, NULL, cyf_q80_pack_t},
     {"q4_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q40_dot_t_generic,
@@ -1444,9 +1814,11 @@ static inline int cyf_formats_select(int features)
         i8->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
         i4->gemv_block = cyf_i4q_gemv_block_vnni;
         i4->gemv_block_rows = cyf_i4q_gemv_block_rows_vnni;
+        i4->dot_t = cyf_i4q_dot_t_vnni;
+        i4->dot_t_rows = cyf_i4q_dot_t_rows_vnni;
         i8->qgemm = &cyf_i8_qgemm_vnni;
         i4->qgemm = &cyf_i4_qgemm_vnni;
-        i4->kernels = "[K, N]: int8 activations in decode and prefill, AVX512-VNNI vpdpbusd; [N, K]: widened to float32, FMA";
+        i4->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
 #endif
         return bf16 | 1;
     }
@@ -1456,9 +1828,11 @@ static inline int cyf_formats_select(int features)
     i8->kernels = "int8 activations in decode and prefill, generic integer loops";
     i4->gemv_block = cyf_i4q_gemv_block_generic;
     i4->gemv_block_rows = NULL;
+    i4->dot_t = cyf_i4q_dot_t_generic;
+    i4->dot_t_rows = cyf_i4q_dot_t_rows_generic;
     i8->qgemm = &cyf_i8_qgemm_generic;
     i4->qgemm = &cyf_i4_qgemm_generic;
-    i4->kernels = "[K, N]: int8 activations in decode and prefill, generic integer loops; [N, K]: widened to float32, FMA";
+    i4->kernels = "int8 activations in decode and prefill, generic integer loops";
     if (CYF_HAVE_AVX2_KERNELS && (features & 4)) {
 #if CYF_HAVE_AVX2_KERNELS
         i8->dot_t = cyf_i8q_avx2_dot_t;
@@ -1467,12 +1841,13 @@ static inline int cyf_formats_select(int features)
         i8->qgemm = &cyf_i8_qgemm_avx2;
         i8->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
         i4->gemv_block = cyf_i4q_gemv_block_avx2;
+        i4->dot_t = cyf_i4q_dot_t_avx2;
+        i4->dot_t_rows = cyf_i4q_dot_t_rows_avx2;
         i4->qgemm = &cyf_i4_qgemm_avx2;
         cyf_formats[5].qgemm = &cyf_q40_qgemm_avx2;
         cyf_formats[5].kernels = "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, "
                                  "prefill: AVX2 vpmaddubsw + vpmaddwd";
-        i4->kernels = "[K, N]: int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd; "
-                      "[N, K]: widened to float32, FMA";
+        i4->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
 #endif
         return bf16 | 4;
     }

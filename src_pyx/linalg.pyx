@@ -843,6 +843,38 @@ def linear_forward(x, W, b=None, out=None, *, w_transposed=False, activation="no
     return out
 
 
+def matvec_rows(x, W, *, w_transposed=False, threads=None):
+    """x [B, K] @ W ([K, N], or [N, K] with w_transposed) -> float32 [B, N]
+    through the batched decode step's matrix-vector path (gemv_team_rows):
+    each block of W read once for every row of x, each row's outputs bitwise
+    those of linear_forward on that row alone.  The kernels of a batch's
+    step, reachable for tests and benchmarks (linear_forward sends 4 rows
+    and more to the GEMM)."""
+    fn = "matvec_rows"
+    f32(fn, "x", x, 2)
+    cdef Py_ssize_t B = x.shape[0], K = x.shape[1]
+    cdef list keep = []
+    cdef Wt w = weights_of(fn, "W", W, K, bool(w_transposed), keep)
+    cdef Py_ssize_t N = W.shape[0] if w_transposed else W.shape[1]
+    cdef int nt = _checks.threads(fn, threads)
+    out = np.zeros((B, N), dtype=np.float32)
+    if B == 0 or N == 0 or K == 0:
+        return out
+    cdef Py_ssize_t npart = 0 if w.t else B * gemv_partials_size(K, N)
+    cdef Py_ssize_t per = gemv_acc_size(B, K)  # acc and, where the format prepares x, the prepared rows
+    cdef float* ps = scratch_floats(fn, None, npart + nt * per, keep)
+    cdef float* po = wptr(out)
+    cdef const float* px = cptr(x)
+    cdef Py_ssize_t counter = 0
+    cdef Epilogue ep
+    cdef Team team
+    ep.bias, ep.act, ep.accumulate = NULL, ACT_NONE, False
+    with nogil, parallel(num_threads=nt):
+        team = team_of(threadid(), cyf_team_size(), &counter)
+        gemv_team_rows(po, N, px, K, B, w, K, N, ep, ps, ps + npart + team.tid * per, team)
+    return out
+
+
 def add_into(out, x, threads=None):
     """out += x (the residual update), for float32 arrays of one shape."""
     f32("add", "out", out, -1, True)

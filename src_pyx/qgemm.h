@@ -110,6 +110,33 @@ static void cyf_i4_qpack(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptr
             ((float *)(panel + (j / CYF_QNR) * sb + cb))[b * CYF_QNR + j % CYF_QNR] = W->scale[b * N + n0 + j];
 }
 
+/* int4 W [N, K] (a row per output; byte p: input 2p low, 2p + 1 high):
+ * a byte's two nibbles are two consecutive codes of one int32 lane of the
+ * strip, so each byte becomes two adjacent bytes; the row's group scales
+ * go beside as for [K, N].  Inputs past K keep w = 0. */
+static void cyf_i4_qpack_t(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw)
+{
+    (void)N;
+    const ptrdiff_t sb = cyf_qstrip_bytes(K), nstr = (pw + CYF_QNR - 1) / CYF_QNR;
+    const ptrdiff_t nblk = (K + CYF_QB - 1) / CYF_QB, cb = nblk * CYF_QB * CYF_QNR, full = K / 2;
+    cyf_qpanel_clear(panel, K, nstr);
+    for (ptrdiff_t j = 0; j < pw; j++) {
+        const unsigned char *row = (const unsigned char *)W->data + (n0 + j) * W->ld;
+        const float *s = W->scale + (n0 + j) * nblk;
+        unsigned char *strip = panel + (j / CYF_QNR) * sb;
+        const ptrdiff_t jj = j % CYF_QNR;
+        for (ptrdiff_t p = 0; p < full; p++) {
+            unsigned char *dst = cyf_qstrip_code(strip, 2 * p, jj);
+            dst[0] = (unsigned char)((row[p] & 15) + 120);
+            dst[1] = (unsigned char)((row[p] >> 4) + 120);
+        }
+        if (K & 1)  /* an odd K: the last byte's low nibble only */
+            *cyf_qstrip_code(strip, K - 1, jj) = (unsigned char)((row[full] & 15) + 120);
+        for (ptrdiff_t b = 0; b < nblk; b++)
+            ((float *)(strip + cb))[b * CYF_QNR + jj] = s[b];
+    }
+}
+
 /* q8_0 / q4_0 (W [N, K], GGUF's records a row per output): each record's
  * codes into the strip (q + 128; q4_0's nibble - 8 + 128) and its fp16
  * scale, as float32, where int4 keeps its group scales, so int4's grouped
@@ -211,7 +238,7 @@ static void cyf_i4_qtile_generic(float *c, const signed char *q, const float *d,
 }
 
 static const cyf_qgemm cyf_i8_qgemm_generic = {NULL, cyf_i8_qtile_generic, cyf_i8_qpack_t};
-static const cyf_qgemm cyf_i4_qgemm_generic = {cyf_i4_qpack, cyf_i4_qtile_generic, NULL};
+static const cyf_qgemm cyf_i4_qgemm_generic = {cyf_i4_qpack, cyf_i4_qtile_generic, cyf_i4_qpack_t};
 
 #if CYF_HAVE_VNNI_KERNELS
 /* The tile with vpdpbusd: per 4 inputs, 2 vectors of packed codes against a
@@ -399,7 +426,7 @@ static void cyf_i8_qpack_t_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t
 }
 
 static const cyf_qgemm cyf_i8_qgemm_vnni = {NULL, cyf_i8_qtile_vnni, cyf_i8_qpack_t_vnni};
-static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qpack_vnni, cyf_i4_qtile_vnni, NULL};
+static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qpack_vnni, cyf_i4_qtile_vnni, cyf_i4_qpack_t};
 /* GGUF's records: int4's grouped tile (their codes fit it); always [N, K] */
 static const cyf_qgemm cyf_q80_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_q80_qpack_t};
 static const cyf_qgemm cyf_q40_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_q40_qpack_t};
@@ -500,7 +527,7 @@ static void cyf_i4_qtile_avx2(float *c, const signed char *q, const float *d, co
 }
 
 static const cyf_qgemm cyf_i8_qgemm_avx2 = {NULL, cyf_i8_qtile_avx2, cyf_i8_qpack_t};
-static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qpack, cyf_i4_qtile_avx2, NULL};
+static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qpack, cyf_i4_qtile_avx2, cyf_i4_qpack_t};
 /* q4_0's codes fit int4's 16-bit block sums; q8_0's do not (|w| up to 127) */
 static const cyf_qgemm cyf_q40_qgemm_avx2 = {NULL, cyf_i4_qtile_avx2, cyf_q40_qpack_t};
 #endif

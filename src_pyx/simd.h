@@ -677,44 +677,6 @@ static inline float cyf_dot_q(const float *x, const void *W, int fmt, ptrdiff_t 
     return cyf_tree16(lanes);
 }
 
-/* x . row n of an int4 [N, K] matrix with its group scales (scale[g] for
- * inputs g * CYF_GROUP ..): each group's products summed in 16 lanes as
- * cyf_dot_q, those lanes times the group's scale added into 16 running
- * lanes, and the running lanes combined in the tree once at the end
- * rather than once per group (1.7x faster than a cyf_dot_q per group). */
-static inline float cyf_dot_q4(const float *x, const void *W, ptrdiff_t ld, ptrdiff_t n,
-                               const float *scale, ptrdiff_t K)
-{
-    cyf_v8f a0 = {0}, a1 = {0}, w0, w1;
-    float lanes[16], part[16];
-    for (ptrdiff_t g0 = 0; g0 < K; g0 += CYF_GROUP) {
-        const ptrdiff_t end = K - g0 < CYF_GROUP ? K : g0 + CYF_GROUP;
-        const float s = scale[g0 / CYF_GROUP];
-        cyf_v8f t0 = {0}, t1 = {0};
-        ptrdiff_t i = g0;
-        for (; i + 16 <= end; i += 16) {
-            cyf_trow16(W, CYF_I4, ld, n, i, &w0, &w1);
-            t0 += cyf_load8(x + i) * w0;
-            t1 += cyf_load8(x + i + 8) * w1;
-        }
-        if (i == end) {
-            a0 += s * t0;
-            a1 += s * t1;
-            continue;
-        }
-        /* the last group ends off a multiple of 16: its rest one by one */
-        cyf_store8(part, t0);
-        cyf_store8(part + 8, t1);
-        for (ptrdiff_t j = 0; i < end; i++, j++)
-            part[j] += x[i] * cyf_elem_t(W, CYF_I4, ld, n, i);
-        a0 += s * cyf_load8(part);
-        a1 += s * cyf_load8(part + 8);
-    }
-    cyf_store8(lanes, a0);
-    cyf_store8(lanes + 8, a1);
-    return cyf_tree16(lanes);
-}
-
 /* sum_i a[i] * b[i] over 16 interleaved lanes (i mod 16), then the lanes
  * combined in a fixed pairwise tree.  Deterministic for a given n. */
 static inline float cyf_dot(const float *a, const float *b, ptrdiff_t n)

@@ -274,6 +274,15 @@ def test_linear_matches_numpy_on_dequantized_weights(rng, fmt, transposed, T, th
         from cyformer.backends.numpy_ref import q4_matvec
         ref = np.stack([q4_matvec(r, p.data, p.scale, 64) for r in x]).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    elif fmt == "int4" and T < 4:  # [N, K]'s matrix-vector path: int8 activations too
+        from cyformer.backends.numpy_ref import q4_matvec_t
+        ref = np.stack([q4_matvec_t(r, p.data, p.scale) for r in x]).astype(np.float64) + b
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    elif fmt == "int4":  # and its integer GEMM: q4_matvec's sums of the transposed codes and scales
+        from cyformer.backends.numpy_ref import q4_matvec
+        data, scale = np.ascontiguousarray(p.data.T), np.ascontiguousarray(p.scale.T)
+        ref = np.stack([q4_matvec(r, data, scale, 64) for r in x]).astype(np.float64) + b
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     elif fmt == "bfloat16" and T < 4 and linalg.select_format_kernels()["avx512_bf16"]:
         # matrix-vector with AVX512-BF16: bf16 activations, vdpbf16ps, a row per output either way
         from cyformer.backends.numpy_ref import bf16dp_dot_t
@@ -755,6 +764,53 @@ def test_int8_unembedding_is_the_q8_reference(rng, int8_variant, K, N, threads):
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
                          ids=_variant_id)
+@pytest.mark.parametrize("K, N", [(1, 5), (31, 9), (33, 17), (64, 64), (95, 70), (127, 10), (130, 129), (200, 33),
+                                  (257, 6), (768, 300)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_int4_rows_out_matvec_is_the_q4_reference(rng, int8_variant, K, N, threads):
+    """int4 W [N, K] stored a row per output: each row of x, quantized as for
+    int8, against numpy_ref.q4_matvec_t bit for bit, one row at a time
+    (dot_t) and as the batched step's rows (dot_t_rows: 6, 7 and 13 rows
+    leave 2, 3 and 1 past the tiles of 4 rows of x)."""
+    from cyformer.backends.numpy_ref import q4_matvec_t
+    linalg.select_format_kernels(int8_variant)
+    Wf = rng.standard_normal((N, K)).astype(np.float32)
+    Wf[N // 2] = 0                   # a zero row
+    Wf[N - 1, :min(K, 45)] *= 1e-36  # tiny group scales: d * scale below float32's normal range
+    W = quantize(Wf, "int4", transposed=True)
+    x = rng.standard_normal((13, K)).astype(np.float32)
+    x[2, :min(K, 40)] *= 1e-3        # blocks of very different scales
+    x[4] = 0.0                       # d = 0
+    want = np.stack([q4_matvec_t(r, W.data, W.scale) for r in x])
+    for T in (1, 2, 3):
+        got = linalg.linear_forward(x[:T], W, w_transposed=True, threads=threads)
+        np.testing.assert_array_equal(got.view(np.uint32), want[:T].view(np.uint32))
+    for B in (6, 7, 13):
+        got = linalg.matvec_rows(x[:B], W, w_transposed=True, threads=threads)
+        np.testing.assert_array_equal(got.view(np.uint32), want[:B].view(np.uint32))
+    assert not want[:, N // 2].any() and not want[4].any()
+    # int8 activations: each input within half a code step of its block's max|x| / 127
+    np.testing.assert_allclose(want, x.astype(np.float64) @ W.dequantize().T, rtol=0.05, atol=0.05 * np.sqrt(K))
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=_variant_id)
+def test_int4_rows_out_non_finite_activations_give_nan(int8_variant):
+    # a NaN or infinity anywhere (a full chunk of 128 inputs, the last,
+    # partial one, an odd K's last input) makes every output NaN
+    from cyformer.backends.numpy_ref import q4_matvec_t
+    linalg.select_format_kernels(int8_variant)
+    W = quantize(np.ones((40, 301), np.float32), "int4", transposed=True)
+    for bad, at in ((np.nan, 5), (np.inf, 270), (-np.inf, 300)):
+        x = np.ones((6, 301), np.float32)
+        x[:, at] = bad
+        assert np.isnan(q4_matvec_t(x[0], W.data, W.scale)).all()
+        assert np.isnan(linalg.linear_forward(x[:1], W, w_transposed=True)).all()
+        assert np.isnan(linalg.matvec_rows(x, W, w_transposed=True)).all()
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -922,6 +978,35 @@ def test_integer_gemm_of_int8_unembedding(rng, int8_variant, K, N, threads):
     one = np.stack([linalg.linear_forward(x[t:t + 1], W, w_transposed=True)[0] for t in range(9)])
     np.testing.assert_array_equal(one, np.stack([q8_matvec_t(r, W.data, W.scale) for r in x]))
     np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-6 * np.abs(one).max())
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+                         ids=_variant_id)
+@pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (95, 70), (127, 33), (200, 129), (768, 300)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_integer_gemm_of_int4_rows_out(rng, int8_variant, K, N, threads):
+    # int4 W [N, K] (a row per output) unpacks into the strips of [K, N]:
+    # every row of the product bit for bit q4_matvec's sums of the
+    # transposed codes and scales (the grouped tile, as [K, N]); decode's
+    # dot_t adds the same integer sums in another order
+    # (numpy_ref.q4_matvec_t), so they agree to float rounding
+    from cyformer.backends.numpy_ref import q4_matvec, q4_matvec_t
+    linalg.select_format_kernels(int8_variant)
+    assert linalg.integer_gemm("int4")
+    W = quantize(rng.standard_normal((N, K)).astype(np.float32), "int4", transposed=True)
+    x = rng.standard_normal((23, K)).astype(np.float32)
+    x[2, :min(K, 40)] *= 1e-3  # blocks of very different scales
+    x[5] = 0.0                 # d = 0
+    x[9, K // 2] = np.nan      # spoils its own row only
+    data, scale = np.ascontiguousarray(W.data.T), np.ascontiguousarray(W.scale.T)
+    want = np.stack([q4_matvec(r, data, scale, 64) for r in x])  # linalg's GEMV_ROWS
+    for T in (4, 7, 23):  # tiles of 6 rows: one part-filled, one full and part-filled, several
+        got = linalg.linear_forward(x[:T], W, w_transposed=True, threads=threads)
+        np.testing.assert_array_equal(got.view(np.uint32), want[:T].view(np.uint32))
+    assert np.isnan(got[9]).all() and np.isfinite(np.delete(got, 9, axis=0)).all()
+    one = np.stack([q4_matvec_t(r, W.data, W.scale) for r in x])
+    ok = np.isfinite(x).all(axis=1)
+    np.testing.assert_allclose(got[ok], one[ok], rtol=1e-5, atol=1e-6 * np.abs(one[ok]).max())
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,

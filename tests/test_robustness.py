@@ -484,6 +484,11 @@ WRAPPERS = {
         lambda: dict(x=a32(T, K), W=a32(K, N), b=a32(N), out=a32(T, N)),
         dict(x="in", W="in", b="in", out="out"),
         bad_shapes=dict(x=(T, K + 1), W=(K + 1, N), b=(N + 1,), out=(T, N + 1))),
+    "matvec_rows": Wrapper(
+        lambda **kw: linalg.matvec_rows(**kw), "matvec_rows",
+        lambda: dict(x=a32(T, K), W=a32(K, N)),
+        dict(x="in", W="in"),
+        bad_shapes=dict(x=(T, K + 1), W=(K + 1, N))),
     "dot": Wrapper(
         lambda **kw: linalg.dot_product(**kw), "dot",
         lambda: dict(a=a32(K), b=a32(K)),
@@ -589,7 +594,7 @@ def test_every_public_kernel_wrapper_is_covered():
                "attention.rope_forward",
                "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty",
                "linalg.format_kernels", "linalg.select_format_kernels", "linalg.integer_gemm",
-               "linalg.prefill_gemm", "linalg.prep_bytes"}
+               "linalg.prefill_gemm", "linalg.prep_bytes", "linalg.matvec_rows"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
 
 

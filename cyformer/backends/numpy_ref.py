@@ -162,6 +162,41 @@ def q8_matvec_t(x, codes, scale):
     return (acc[:, 0] * scale).astype(F32)
 
 
+def q4_matvec_t(x, data, scale):
+    """The int4 product x [K] @ W.T for W [N, K] stored a row per output
+    (data uint8 [N, ceil(K/2)]: byte p holds input 2p in its low nibble and
+    2p + 1 in its high one, nibble = q + 8; scale float32 [N, ceil(K/32)] per
+    group of 32 inputs), as the kernels sum it: inputs in chunks of 128 (4
+    groups), each output in 16 float lanes; lane l of chunk c adds the
+    integer sum of inputs 128c + 8l .. + 7 times float32(d * scale) of its
+    group 4c + l // 4 with one rounding, chunk after chunk (a group past K
+    adds 0 * 0); then the lanes are added in q8_matvec_t's tree."""
+    q, d = q8_activations(x)
+    N = data.shape[0]
+    K = x.shape[0]
+    nch = -(-K // 128)
+    qp = np.zeros(nch * 128, np.int64)                                # [128 nch]
+    qp[:K] = q.reshape(-1)[:K]
+    wp = np.zeros((N, nch * 128), np.int64)                           # [N, 128 nch] codes
+    codes = np.empty((N, 2 * data.shape[1]), np.int64)
+    codes[:, 0::2] = (data & 15).astype(np.int64) - 8
+    codes[:, 1::2] = (data >> 4).astype(np.int64) - 8
+    wp[:, :K] = codes[:, :K]
+    lanes = (wp * qp).reshape(N, nch, 16, 8).sum(axis=-1)             # [N, nch, 16] exact
+    ng = d.size
+    dp = np.zeros(4 * nch, F32)
+    dp[:ng] = d
+    sp = np.zeros((N, 4 * nch), F32)
+    sp[:, :ng] = scale
+    t = np.repeat((dp * sp).astype(F32).reshape(N, nch, 4), 4, axis=2)  # [N, nch, 16] each lane's d * s
+    acc = np.zeros((N, 16), F32)
+    for c in range(nch):
+        acc = _fma(t[:, c], lanes[:, c].astype(F32), acc)
+    for half in (8, 4, 2, 1):                                         # the fixed tree
+        acc = (acc[:, :half] + acc[:, half:2 * half]).astype(F32)
+    return acc[:, 0].copy()
+
+
 # -- bfloat16 dot products (AVX512-BF16's vdpbf16ps, bit for bit) ----------
 
 def _bf16_daz(h):
