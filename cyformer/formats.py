@@ -32,7 +32,7 @@ Orientation: block matrices are [K, N] (inputs, outputs) like the float32
 kernel layout; the embedding / unembedding [V, C] is as is, a row per token
 (``transposed``): its rows are what the embedding looks up and what the
 unembedding's outputs read.  Groups and pairs always run along the input
-dimension.  A format with ``rows_out`` (bfloat16, int8, q8_0, q4_0) stores its data a
+dimension.  A format with ``rows_out`` (bfloat16, int8, int4, q8_0, q4_0) stores its data a
 row per output whatever the matrix (GGUF's layout); ``Packed.shape`` and
 ``transposed`` still describe the float matrix, so callers never see the
 difference, and the kernels read it as [N, K].  Decode streams such a
@@ -55,12 +55,12 @@ class Packed:
 
     shape: the float matrix's shape, [K, N], or [N, K] when ``transposed``
     (a row per output).  data: uint16 (bfloat16) or int8, [N, K] (a row per
-    output whatever the orientation), or uint8 holding two int4 weights a
-    byte, paired along the input dimension; q8_0: uint8 [N, K/32 * 34], a
-    row of 34-byte block records per output whatever the orientation.
-    scale: float32 [N] (int8) or per output and group
-    ([K/32, N], or [N, K/32] when transposed) for int4; None for bfloat16
-    and q8_0 (its scales are inside the records).
+    output whatever the orientation), or uint8 [N, ceil(K/2)] holding two
+    int4 weights a byte, paired along the input dimension, a row per output
+    whatever the orientation; q8_0: uint8 [N, K/32 * 34], a row of 34-byte
+    block records per output whatever the orientation.  scale: float32 [N]
+    (int8) or [N, ceil(K/32)], per output and group (int4); None for
+    bfloat16 and q8_0 (its scales are inside the records).
     """
 
     fmt: str
@@ -130,8 +130,8 @@ def _int8_layout(K, N, transposed):
 
 
 def _int4_layout(K, N, transposed):
-    pairs, groups = -(-K // 2), -(-K // GROUP)
-    return ((N, pairs), (N, groups)) if transposed else ((pairs, N), (groups, N))
+    # a row per output in either orientation (rows_out)
+    return (N, -(-K // 2)), (N, -(-K // GROUP))
 
 
 Q8_0_BLOCK = 32        # inputs per Q8_0 record
@@ -253,7 +253,7 @@ def _int4_step(p, x, first):
         q = _codes(g, _divisor(scale)[:, :, None], -8, 7, out=g).reshape(r, ng * GROUP)
         p.scale[first:first + r] = scale
         p.data[first:first + r] = _nibble_pairs(q[:, :2 * p.data.shape[1]], axis=1)
-    else:  # rows are inputs: groups and pairs down each column
+    else:  # rows are inputs first .. first + r (whole groups): those pairs and groups of every output's row
         N = x.shape[1]
         ng = -(-r // GROUP)
         g = np.zeros((ng, GROUP, N))
@@ -261,8 +261,8 @@ def _int4_step(p, x, first):
         scale = _int4_scale(g, axis=1)                                 # [ng, N]
         q = _codes(g, _divisor(scale)[:, None, :], -8, 7, out=g).reshape(ng * GROUP, N)
         g0 = first // GROUP
-        p.scale[g0:g0 + ng] = scale
-        p.data[first // 2:first // 2 + -(-r // 2)] = _nibble_pairs(q[:r + r % 2], axis=0)
+        p.scale[:, g0:g0 + ng] = scale.T
+        p.data[:, first // 2:first // 2 + -(-r // 2)] = _nibble_pairs(q[:r + r % 2], axis=0).T
 
 
 def _q8_0_step(p, x, first):
@@ -424,11 +424,6 @@ def _nibble_pairs(q, axis):
     return nib[:, 0::2] | (nib[:, 1::2] << 4)
 
 
-def _outputs_last(w, transposed):
-    """w with outputs on the last axis ([K, N]) for the scale arithmetic."""
-    return w.T if transposed else w
-
-
 def dequantize(p):
     """Packed -> float32 matrix of p.shape."""
     if not isinstance(p, Packed):
@@ -446,13 +441,12 @@ def _int8_dequantize(p):
 
 
 def _int4_dequantize(p):
-    packed = _outputs_last(p.data, p.transposed)                       # [K/2, N]
+    packed = p.data.T                                                  # [K/2, N] from rows_out's [N, K/2]
     K = p.shape[1] if p.transposed else p.shape[0]
     q = np.empty((packed.shape[0] * 2, packed.shape[1]), dtype=np.float32)
     q[0::2] = (packed & 15).astype(np.float32) - 8
     q[1::2] = (packed >> 4).astype(np.float32) - 8
-    scale = _outputs_last(p.scale, p.transposed)                       # [ng, N]
-    return q[:K] * np.repeat(scale, GROUP, axis=0)[:K]
+    return q[:K] * np.repeat(p.scale.T, GROUP, axis=0)[:K]            # scales [ng, N]
 
 
 def _q8_0_dequantize(p):
@@ -518,7 +512,7 @@ TABLE = {f.name: f for f in (
            _int8_layout, _int8_column_scales, _int8_step, _int8_dequantize, rows_out=True),
     Format("int4", 3, np.uint8, "U8", 0.5, GROUP,
            f"float32 per output and group of {GROUP} inputs: w = q * scale, q in [-8, 7], two a byte "
-           "(nibble = q + 8)", _int4_layout, None, _int4_step, _int4_dequantize, vocab="int8"),
+           "(nibble = q + 8)", _int4_layout, None, _int4_step, _int4_dequantize, rows_out=True, vocab="int8"),
     Format("q8_0", 4, np.uint8, "U8", Q8_0_RECORD / Q8_0_BLOCK, Q8_0_BLOCK,
            f"fp16 per output and block of {Q8_0_BLOCK} inputs, inside {Q8_0_RECORD}-byte records (GGUF's Q8_0: "
            "d, then 32 int8 codes; w = d * q), a row of records per output",

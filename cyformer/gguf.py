@@ -553,7 +553,7 @@ def load_weights(f, cfg, dtype=None):
         if fmt in NATIVE and types == {NATIVE[fmt]}:  # the records themselves, parts one after another
             out[0][...] = np.concatenate([_unpermute(_record_rows(f, n, fmt), h) for n, s, h in spec])
         elif fmt == "int4" and types == {"Q4_0"}:
-            data, scale = _q4_0_int4(f, spec, transposed)
+            data, scale = _q4_0_int4(f, spec)
             out[0][...], out[1][...] = data, scale
         elif fmt == "bfloat16" and types == {"BF16"}:
             raw = np.concatenate([_unpermute(_rows(f, n).view(np.uint16).reshape(s), h) for n, s, h in spec])
@@ -613,10 +613,10 @@ def _how(p, planned, spec):
     return "converted"
 
 
-def _q4_0_int4(f, spec, transposed):
+def _q4_0_int4(f, spec):
     """Q4_0 tensors -> int4 (data, scale) without loss: the same codes and
     scales (fp16 widened), regrouped into cyformer's pairs (code 2m low,
-    2m + 1 high) and orientation."""
+    2m + 1 high), a row per output (rows_out) as the records are."""
     nibs, scales = [], []
     for n, s, h in spec:
         nib, d = _q4_0_nibbles(_rows(f, n))
@@ -625,10 +625,7 @@ def _q4_0_int4(f, spec, transposed):
     nib, d = np.concatenate(nibs), np.concatenate(scales).astype(np.float32)  # [N, K], [N, K/32]
     if not np.isfinite(d).all():
         raise ModelLoadError(f"{f.path}: tensor {spec[0][0]!r} has NaN or Inf block scales")
-    if transposed:
-        return nib[:, 0::2] | (nib[:, 1::2] << 4), d
-    nt = nib.T
-    return nt[0::2] | (nt[1::2] << 4), d.T
+    return nib[:, 0::2] | (nib[:, 1::2] << 4), d
 
 
 def _release(f, names):
@@ -884,9 +881,9 @@ def _encode(x, transposed, heads, qtype):
     if isinstance(x, Packed) and NATIVE.get(x.fmt) == qtype:
         return _permute(x.data, heads)  # rows of records, a row per output
     if qtype == "Q4_0" and isinstance(x, Packed) and x.fmt == "int4":
-        scale = x.scale if transposed else x.scale.T
-        if np.array_equal(scale.astype(np.float16).astype(np.float32), scale) and x.shape[0 if not transposed else 1] % 32 == 0:
-            return _int4_q4_0(x, transposed, heads)
+        if (np.array_equal(x.scale.astype(np.float16).astype(np.float32), x.scale)
+                and x.shape[0 if not transposed else 1] % 32 == 0):
+            return _int4_q4_0(x, heads)
     w = _permute(_matrix_for_gguf(x, transposed), heads)
     if qtype == "F32":
         return w
@@ -895,13 +892,13 @@ def _encode(x, transposed, heads, qtype):
     return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
 
 
-def _int4_q4_0(x, transposed, heads):
+def _int4_q4_0(x, heads):
     """int4 Packed (groups of 32 on whole blocks) -> Q4_0 rows [N, K/32 * 18]."""
-    data = x.data if transposed else x.data.T                  # [N, K/2] pairs
+    data = x.data                                              # [N, K/2] pairs (rows_out)
     N = data.shape[0]
     nib = np.empty((N, data.shape[1] * 2), dtype=np.uint8)
     nib[:, 0::2], nib[:, 1::2] = data & 15, data >> 4
-    d = (x.scale if transposed else x.scale.T).astype(np.float16)  # [N, K/32]
+    d = x.scale.astype(np.float16)                                 # [N, K/32]
     nib, d = _permute(nib, heads), _permute(d, heads)
     blocks = nib.reshape(N, -1, 2, 16)
     qs = blocks[:, :, 0] | (blocks[:, :, 1] << 4)                  # [N, K/32, 16]

@@ -610,7 +610,8 @@ SAVED_FORMAT_KEY = "cyformer.format"
 SAVED_GROUP_KEY = "cyformer.group"
 # The formats whose block matrices the file holds a row per output
 # (Format.rows_out); a file without the key predates int8's switch to it,
-# when only GGUF's q8_0 and q4_0 were.
+# when only GGUF's q8_0 and q4_0 were (a file with it from before int4's
+# switch does not name int4).
 SAVED_ROWS_OUT_KEY = "cyformer.rows_out"
 ROWS_OUT_BEFORE_THE_KEY = "q8_0,q4_0"
 

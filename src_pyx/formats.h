@@ -139,12 +139,8 @@ static void cyf_i8_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t 
         dst[k * ldd] = cyf_elem_t(W->data, CYF_I8, W->ld, n, k0 + k) * s;
 }
 
-/* ---- int4: a scale per output and group of CYF_GROUP inputs ------------- */
-static void cyf_i4_pack_run(float *dst, const cyf_wt *W, ptrdiff_t N, ptrdiff_t k, ptrdiff_t n, ptrdiff_t cnt)
-{
-    cyf_dequant_run(W->data, CYF_I4, W->ld, W->scale, N, k, n, cnt, dst);
-}
-
+/* ---- int4: a scale per output and group of CYF_GROUP inputs, always [N, K]
+ * (rows_out) ------------------------------------------------------------ */
 static void cyf_i4_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
                           ptrdiff_t K)
 {
@@ -201,38 +197,6 @@ static inline void cyf_q8_row(const float *x, ptrdiff_t K, signed char *q, float
     }
 }
 
-
-/* int4 weights times int8 activations: as int8's, with the weights'
- * scale per output and group (a group is an activation block) multiplying
- * each block's d first: partial[j] += (d_b * s_bj) * isum_bj, one rounding
- * for the product of scales and one for the multiply-add. */
-static void cyf_i4q_gemv_block_generic(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0,
-                                       ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
-{
-    const unsigned char *Wd = (const unsigned char *)W->data;
-    int *isum = (int *)tmp;  /* cw ints */
-    signed char q[CYF_QB];
-    for (ptrdiff_t j = 0; j < cw; j++)
-        partial[j] = 0.0f;
-    for (ptrdiff_t b0 = 0; b0 < kb; b0 += CYF_QB) {
-        const ptrdiff_t nb = kb - b0 < CYF_QB ? kb - b0 : CYF_QB;
-        const float d = cyf_q8_block(x + k0 + b0, nb, q);
-        const float *s = W->scale + ((k0 + b0) / CYF_GROUP) * N + c0;
-        for (ptrdiff_t j = 0; j < cw; j++)
-            isum[j] = 0;
-        for (ptrdiff_t i = 0; i < nb; i++) {
-            const ptrdiff_t k = k0 + b0 + i;
-            const unsigned char *w = Wd + (k >> 1) * W->ld + c0;
-            const int sh = (int)(k & 1) * 4, qi = q[i];
-            for (ptrdiff_t j = 0; j < cw; j++)
-                isum[j] += qi * (((w[j] >> sh) & 15) - 8);
-        }
-        for (ptrdiff_t j = 0; j < cw; j++) {
-            const float t = d * s[j];
-            partial[j] = __builtin_fmaf(t, (float)isum[j], partial[j]);
-        }
-    }
-}
 
 /* ---- int8 [N, K] (every int8 matrix, rows_out) times int8 activations -----
  * x is quantized in blocks of CYF_QB from input 0.  Each output
@@ -463,205 +427,6 @@ static void cyf_i4q_dot_t_generic(float *acc, const float *x, const cyf_wt *W, p
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define CYF_HAVE_VNNI_KERNELS 1
 
-
-/* int4 with AVX512-VNNI: 4 row pairs interleaved as int8's 4 rows give each
- * lane 4 bytes of one output, i.e. inputs 2P .. 2P + 7 of 4 pairs; the low
- * nibbles are inputs 2P, 2P+2, 2P+4, 2P+6 and the high ones the odd inputs,
- * so each meets the activation codes in that order.  Nibbles are q + 8,
- * already unsigned: 8 * the codes' sum is taken off. */
-__attribute__((target("avx512vnni")))
-static void cyf_i4q_gemv_block_vnni(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
-                                    ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
-{
-    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB, npairs = (kb + 1) / 2;
-    const unsigned char *Wd = (const unsigned char *)W->data + (k0 >> 1) * ld + c0;
-    if (nblk == 0 || cw <= 0) {
-        for (ptrdiff_t j = 0; j < cw; j++)
-            partial[j] = 0.0f;
-        return;
-    }
-    signed char q[nblk * CYF_QB];
-    float d[nblk];
-    int bsum[nblk], qe[nblk * 4], qo[nblk * 4];
-    cyf_q8_row(x + k0, kb, q, d, NULL);
-    for (ptrdiff_t b = 0; b < nblk; b++) {
-        const signed char *qb = q + b * CYF_QB;
-        bsum[b] = 0;
-        for (int i = 0; i < CYF_QB; i++)
-            bsum[b] += qb[i];
-        bsum[b] *= 8;
-        for (int it = 0; it < 4; it++) {
-            const signed char e[4] = {qb[8 * it], qb[8 * it + 2], qb[8 * it + 4], qb[8 * it + 6]};
-            const signed char o[4] = {qb[8 * it + 1], qb[8 * it + 3], qb[8 * it + 5], qb[8 * it + 7]};
-            memcpy(qe + b * 4 + it, e, 4);
-            memcpy(qo + b * 4 + it, o, 4);
-        }
-    }
-    for (ptrdiff_t p = 0; p < npairs; p++)
-        for (ptrdiff_t j = 0; j < cw; j += 64)
-            __builtin_prefetch(Wd + p * ld + j, 0, 2);
-    const __m512i nib = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
-    ptrdiff_t j = 0;
-    for (; j + 64 <= cw; j += 64) {
-        __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
-        for (ptrdiff_t b = 0; b < nblk; b++) {
-            __m512i e = zero, f = zero, g = zero, h = zero;
-            for (int it = 0; it < 4; it++) {
-                const ptrdiff_t p0 = b * (CYF_QB / 2) + 4 * it;
-                if (p0 >= npairs)
-                    break;
-                const unsigned char *w = Wd + p0 * ld + j;
-                const __m512i r0 = _mm512_loadu_si512(w);
-                const __m512i r1 = p0 + 1 < npairs ? _mm512_loadu_si512(w + ld) : zero;
-                const __m512i r2 = p0 + 2 < npairs ? _mm512_loadu_si512(w + 2 * ld) : zero;
-                const __m512i r3 = p0 + 3 < npairs ? _mm512_loadu_si512(w + 3 * ld) : zero;
-                const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
-                const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
-                const __m512i ve = _mm512_unpacklo_epi16(lo01, lo23), vf = _mm512_unpackhi_epi16(lo01, lo23);
-                const __m512i vg = _mm512_unpacklo_epi16(hi01, hi23), vh = _mm512_unpackhi_epi16(hi01, hi23);
-                const __m512i qqe = _mm512_set1_epi32(qe[b * 4 + it]), qqo = _mm512_set1_epi32(qo[b * 4 + it]);
-                e = _mm512_dpbusd_epi32(e, _mm512_and_si512(ve, nib), qqe);
-                e = _mm512_dpbusd_epi32(e, _mm512_and_si512(_mm512_srli_epi16(ve, 4), nib), qqo);
-                f = _mm512_dpbusd_epi32(f, _mm512_and_si512(vf, nib), qqe);
-                f = _mm512_dpbusd_epi32(f, _mm512_and_si512(_mm512_srli_epi16(vf, 4), nib), qqo);
-                g = _mm512_dpbusd_epi32(g, _mm512_and_si512(vg, nib), qqe);
-                g = _mm512_dpbusd_epi32(g, _mm512_and_si512(_mm512_srli_epi16(vg, 4), nib), qqo);
-                h = _mm512_dpbusd_epi32(h, _mm512_and_si512(vh, nib), qqe);
-                h = _mm512_dpbusd_epi32(h, _mm512_and_si512(_mm512_srli_epi16(vh, 4), nib), qqo);
-            }
-            const __m512i t0 = _mm512_shuffle_i32x4(e, f, 0x44), t1 = _mm512_shuffle_i32x4(g, h, 0x44);
-            const __m512i t2 = _mm512_shuffle_i32x4(e, f, 0xEE), t3 = _mm512_shuffle_i32x4(g, h, 0xEE);
-            const __m512i c = _mm512_set1_epi32(bsum[b]);
-            const __m512 db = _mm512_set1_ps(d[b]);
-            const float *s = W->scale + ((k0 + b * CYF_QB) / CYF_GROUP) * N + c0 + j;
-            f0 = _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s)),
-                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0x88), c)), f0);
-            f1 = _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 16)),
-                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0xDD), c)), f1);
-            f2 = _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 32)),
-                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0x88), c)), f2);
-            f3 = _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 48)),
-                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0xDD), c)), f3);
-        }
-        _mm512_storeu_ps(partial + j, f0);
-        _mm512_storeu_ps(partial + j + 16, f1);
-        _mm512_storeu_ps(partial + j + 32, f2);
-        _mm512_storeu_ps(partial + j + 48, f3);
-    }
-    if (j < cw) {  /* the last columns through the generic loops: the same integers, the same roundings */
-        cyf_wt rest = *W;
-        rest.data = (const unsigned char *)W->data + j;
-        rest.scale = W->scale + j;
-        cyf_i4q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
-    }
-}
-/* cyf_i4q_gemv_block_vnni for nr rows of x (the batched decode step): each
- * interleaved group of 4 row pairs, split into nibbles once, serves up to 4
- * rows of x from registers; every row's arithmetic is the one-row
- * kernel's, so its partial sums are the same bits.  The scales' rows are N
- * = W->ld apart (int4 [K, N] stores N bytes per pair of rows). */
-__attribute__((target("avx512vnni")))
-static void cyf_i4q_gemv_block_rows_vnni(float *partial, ptrdiff_t ldp, const float *x, ptrdiff_t ldx, int nr,
-                                         const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw)
-{
-    const ptrdiff_t ld = W->ld, N = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB, npairs = (kb + 1) / 2;
-    if (nblk == 0 || cw <= 0 || nr <= 0) {
-        for (int r = 0; r < nr; r++)
-            for (ptrdiff_t j = 0; j < cw; j++)
-                partial[r * ldp + j] = 0.0f;
-        return;
-    }
-    const unsigned char *Wd = (const unsigned char *)W->data + (k0 >> 1) * ld + c0;
-    signed char q[nblk * CYF_QB];
-    float d[nr * nblk];
-    int bsum[nr * nblk], qe[nr * nblk * 4], qo[nr * nblk * 4];
-    for (int r = 0; r < nr; r++) {
-        cyf_q8_row(x + r * ldx + k0, kb, q, d + r * nblk, NULL);
-        for (ptrdiff_t b = 0; b < nblk; b++) {
-            const signed char *qb = q + b * CYF_QB;
-            int s = 0;
-            for (int i = 0; i < CYF_QB; i++)
-                s += qb[i];
-            bsum[r * nblk + b] = 8 * s;
-            for (int it = 0; it < 4; it++) {
-                const signed char e[4] = {qb[8 * it], qb[8 * it + 2], qb[8 * it + 4], qb[8 * it + 6]};
-                const signed char o[4] = {qb[8 * it + 1], qb[8 * it + 3], qb[8 * it + 5], qb[8 * it + 7]};
-                memcpy(qe + (r * nblk + b) * 4 + it, e, 4);
-                memcpy(qo + (r * nblk + b) * 4 + it, o, 4);
-            }
-        }
-    }
-    for (ptrdiff_t p = 0; p < npairs; p++)
-        for (ptrdiff_t j = 0; j < cw; j += 64)
-            __builtin_prefetch(Wd + p * ld + j, 0, 2);
-    const __m512i nib = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
-    ptrdiff_t j = 0;
-    for (; j + 64 <= cw; j += 64)
-        for (ptrdiff_t b = 0; b < nblk; b++) {
-            const float *s = W->scale + ((k0 + b * CYF_QB) / CYF_GROUP) * N + c0 + j;
-            for (int r0 = 0; r0 < nr; r0 += 4) {
-                const int m = nr - r0 < 4 ? nr - r0 : 4;
-                __m512i e[4], f[4], g[4], h[4];
-                for (int r = 0; r < 4; r++)
-                    e[r] = f[r] = g[r] = h[r] = zero;
-                for (int it = 0; it < 4; it++) {
-                    const ptrdiff_t p0 = b * (CYF_QB / 2) + 4 * it;
-                    if (p0 >= npairs)
-                        break;
-                    const unsigned char *w = Wd + p0 * ld + j;
-                    const __m512i w0 = _mm512_loadu_si512(w);
-                    const __m512i w1 = p0 + 1 < npairs ? _mm512_loadu_si512(w + ld) : zero;
-                    const __m512i w2 = p0 + 2 < npairs ? _mm512_loadu_si512(w + 2 * ld) : zero;
-                    const __m512i w3 = p0 + 3 < npairs ? _mm512_loadu_si512(w + 3 * ld) : zero;
-                    const __m512i lo01 = _mm512_unpacklo_epi8(w0, w1), hi01 = _mm512_unpackhi_epi8(w0, w1);
-                    const __m512i lo23 = _mm512_unpacklo_epi8(w2, w3), hi23 = _mm512_unpackhi_epi8(w2, w3);
-                    const __m512i ve = _mm512_unpacklo_epi16(lo01, lo23), vf = _mm512_unpackhi_epi16(lo01, lo23);
-                    const __m512i vg = _mm512_unpacklo_epi16(hi01, hi23), vh = _mm512_unpackhi_epi16(hi01, hi23);
-                    const __m512i el = _mm512_and_si512(ve, nib), eh = _mm512_and_si512(_mm512_srli_epi16(ve, 4), nib);
-                    const __m512i fl = _mm512_and_si512(vf, nib), fh = _mm512_and_si512(_mm512_srli_epi16(vf, 4), nib);
-                    const __m512i gl = _mm512_and_si512(vg, nib), gh = _mm512_and_si512(_mm512_srli_epi16(vg, 4), nib);
-                    const __m512i hl = _mm512_and_si512(vh, nib), hh = _mm512_and_si512(_mm512_srli_epi16(vh, 4), nib);
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) {
-                        if (r < m) {
-                            const ptrdiff_t i = ((r0 + r) * nblk + b) * 4 + it;
-                            const __m512i qqe = _mm512_set1_epi32(qe[i]), qqo = _mm512_set1_epi32(qo[i]);
-                            e[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(e[r], el, qqe), eh, qqo);
-                            f[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(f[r], fl, qqe), fh, qqo);
-                            g[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(g[r], gl, qqe), gh, qqo);
-                            h[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(h[r], hl, qqe), hh, qqo);
-                        }
-                    }
-                }
-                for (int r = 0; r < m; r++) {
-                    float *pr = partial + (r0 + r) * ldp + j;
-                    const __m512i t0 = _mm512_shuffle_i32x4(e[r], f[r], 0x44), t1 = _mm512_shuffle_i32x4(g[r], h[r], 0x44);
-                    const __m512i t2 = _mm512_shuffle_i32x4(e[r], f[r], 0xEE), t3 = _mm512_shuffle_i32x4(g[r], h[r], 0xEE);
-                    const __m512i c = _mm512_set1_epi32(bsum[(r0 + r) * nblk + b]);
-                    const __m512 db = _mm512_set1_ps(d[(r0 + r) * nblk + b]);
-                    const __m512 z = _mm512_setzero_ps();
-                    const __m512 a0 = b ? _mm512_loadu_ps(pr) : z, a1 = b ? _mm512_loadu_ps(pr + 16) : z;
-                    const __m512 a2 = b ? _mm512_loadu_ps(pr + 32) : z, a3 = b ? _mm512_loadu_ps(pr + 48) : z;
-                    _mm512_storeu_ps(pr, _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s)), _mm512_cvtepi32_ps(
-                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0x88), c)), a0));
-                    _mm512_storeu_ps(pr + 16, _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 16)), _mm512_cvtepi32_ps(
-                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t0, t1, 0xDD), c)), a1));
-                    _mm512_storeu_ps(pr + 32, _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 32)), _mm512_cvtepi32_ps(
-                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0x88), c)), a2));
-                    _mm512_storeu_ps(pr + 48, _mm512_fmadd_ps(_mm512_mul_ps(db, _mm512_loadu_ps(s + 48)), _mm512_cvtepi32_ps(
-                        _mm512_sub_epi32(_mm512_shuffle_i32x4(t2, t3, 0xDD), c)), a3));
-                }
-            }
-        }
-    if (j < cw) {  /* the last columns row by row through the generic loops, as the one-row kernel */
-        cyf_wt rest = *W;
-        rest.data = (const unsigned char *)W->data + j;
-        rest.scale = W->scale + j;
-        float tmp[cw - j];
-        for (int r = 0; r < nr; r++)
-            cyf_i4q_gemv_block_generic(partial + r * ldp + j, x + r * ldx, &rest, k0, kb, c0, cw - j, N, tmp);
-    }
-}
 
 /* int8 [N, K] with AVX512-VNNI: a 64-byte run of a row is one pair of
  * blocks, its 16 int32 lanes are the 16 lanes of the generic loops.
@@ -931,7 +696,7 @@ static void cyf_i4q_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrd
 #define CYF_HAVE_VNNI_KERNELS 0
 #endif
 
-/* ---- int8 [N, K] and int4 [K, N] times int8 activations with AVX2 --------
+/* ---- int8 and int4 [N, K] times int8 activations with AVX2 ---------------
  * vpmaddubsw multiplies unsigned by signed bytes into 16-bit pair sums,
  * vpmaddwd adds the pairs into int32 lanes: 4 products per lane, as
  * vpdpbusd.  int8 weights are taken as |w| against the codes with w's sign
@@ -987,93 +752,6 @@ static void cyf_i8q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp,
     }
 }
 CYF_PREP_WRAPPERS(cyf_i8q_avx2, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp_rows_avx2)
-
-__attribute__((target("avx2,fma")))
-static void cyf_i4q_gemv_block_avx2(float *partial, const float *x, const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb,
-                                    ptrdiff_t c0, ptrdiff_t cw, ptrdiff_t N, float *tmp)
-{
-    const ptrdiff_t ld = W->ld, nblk = (kb + CYF_QB - 1) / CYF_QB, npairs = (kb + 1) / 2;
-    const unsigned char *Wd = (const unsigned char *)W->data + (k0 >> 1) * ld + c0;
-    if (nblk == 0 || cw <= 0) {
-        for (ptrdiff_t j = 0; j < cw; j++)
-            partial[j] = 0.0f;
-        return;
-    }
-    signed char q[nblk * CYF_QB];
-    float d[nblk];
-    int bsum[nblk], qe[nblk * 4], qo[nblk * 4];
-    cyf_q8_row(x + k0, kb, q, d, NULL);
-    for (ptrdiff_t b = 0; b < nblk; b++) {
-        const signed char *qb = q + b * CYF_QB;
-        bsum[b] = 0;
-        for (int i = 0; i < CYF_QB; i++)
-            bsum[b] += qb[i];
-        bsum[b] *= 8;
-        for (int it = 0; it < 4; it++) {
-            const signed char e[4] = {qb[8 * it], qb[8 * it + 2], qb[8 * it + 4], qb[8 * it + 6]};
-            const signed char o[4] = {qb[8 * it + 1], qb[8 * it + 3], qb[8 * it + 5], qb[8 * it + 7]};
-            memcpy(qe + b * 4 + it, e, 4);
-            memcpy(qo + b * 4 + it, o, 4);
-        }
-    }
-    for (ptrdiff_t p = 0; p < npairs; p++)
-        for (ptrdiff_t j = 0; j < cw; j += 64)
-            __builtin_prefetch(Wd + p * ld + j, 0, 2);
-    const __m256i nib = _mm256_set1_epi8(15), zero = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);
-    ptrdiff_t j = 0;
-    for (; j + 32 <= cw; j += 32) {
-        __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
-        for (ptrdiff_t b = 0; b < nblk; b++) {
-            __m256i e = zero, f = zero, g = zero, h = zero;
-            for (int it = 0; it < 4; it++) {
-                const ptrdiff_t p0 = b * (CYF_QB / 2) + 4 * it;
-                if (p0 >= npairs)
-                    break;
-                const unsigned char *w = Wd + p0 * ld + j;
-                const __m256i r0 = _mm256_loadu_si256((const __m256i *)w);
-                const __m256i r1 = p0 + 1 < npairs ? _mm256_loadu_si256((const __m256i *)(w + ld)) : zero;
-                const __m256i r2 = p0 + 2 < npairs ? _mm256_loadu_si256((const __m256i *)(w + 2 * ld)) : zero;
-                const __m256i r3 = p0 + 3 < npairs ? _mm256_loadu_si256((const __m256i *)(w + 3 * ld)) : zero;
-                const __m256i lo01 = _mm256_unpacklo_epi8(r0, r1), hi01 = _mm256_unpackhi_epi8(r0, r1);
-                const __m256i lo23 = _mm256_unpacklo_epi8(r2, r3), hi23 = _mm256_unpackhi_epi8(r2, r3);
-                const __m256i ve = _mm256_unpacklo_epi16(lo01, lo23), vf = _mm256_unpackhi_epi16(lo01, lo23);
-                const __m256i vg = _mm256_unpacklo_epi16(hi01, hi23), vh = _mm256_unpackhi_epi16(hi01, hi23);
-                const __m256i qqe = _mm256_set1_epi32(qe[b * 4 + it]), qqo = _mm256_set1_epi32(qo[b * 4 + it]);
-                /* nibble x code pair sums are at most 2 * 15 * 127: the even and odd
-                 * inputs' sums add in 16 bits before vpmaddwd */
-#define CYF_DP4(ACC, V) ACC = _mm256_add_epi32(ACC, _mm256_madd_epi16(_mm256_add_epi16(                  \
-                    _mm256_maddubs_epi16(_mm256_and_si256(V, nib), qqe),                                 \
-                    _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(V, 4), nib), qqo)), ones))
-                CYF_DP4(e, ve);
-                CYF_DP4(f, vf);
-                CYF_DP4(g, vg);
-                CYF_DP4(h, vh);
-#undef CYF_DP4
-            }
-            const __m256i c = _mm256_set1_epi32(bsum[b]);
-            const __m256 db = _mm256_set1_ps(d[b]);
-            const float *s = W->scale + ((k0 + b * CYF_QB) / CYF_GROUP) * N + c0 + j;
-            f0 = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_loadu_ps(s)),
-                                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_permute2x128_si256(e, f, 0x20), c)), f0);
-            f1 = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_loadu_ps(s + 8)),
-                                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_permute2x128_si256(g, h, 0x20), c)), f1);
-            f2 = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_loadu_ps(s + 16)),
-                                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_permute2x128_si256(e, f, 0x31), c)), f2);
-            f3 = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_loadu_ps(s + 24)),
-                                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_permute2x128_si256(g, h, 0x31), c)), f3);
-        }
-        _mm256_storeu_ps(partial + j, f0);
-        _mm256_storeu_ps(partial + j + 8, f1);
-        _mm256_storeu_ps(partial + j + 16, f2);
-        _mm256_storeu_ps(partial + j + 24, f3);
-    }
-    if (j < cw) {  /* the last columns through the generic loops: the same integers, the same roundings */
-        cyf_wt rest = *W;
-        rest.data = (const unsigned char *)W->data + j;
-        rest.scale = W->scale + j;
-        cyf_i4q_gemv_block_generic(partial + j, x, &rest, k0, kb, c0, cw - j, N, tmp);
-    }
-}
 
 /* int4 [N, K] (a row per output) with AVX2: cyf_i4q_row_dot_t's 16 lanes as
  * two ymm registers per row of x.  vpmaddubsw multiplies the unsigned
@@ -1717,8 +1395,8 @@ static cyf_format cyf_formats[] = {
     {"int8", "int8 activations in decode and prefill, generic integer loops", 1, 0, NULL, NULL,
      cyf_i8q_generic_dot_t, cyf_i8q_generic_dot_t_rows, NULL, cyf_i8_pack_t, NULL, cyf_i8q_prep_bytes, cyf_i8q_prep,
      cyf_i8q_dot_tp_rows_generic},
-    {"int4", "int8 activations in decode and prefill, generic integer loops", 0, 0, cyf_i4q_gemv_block_generic, NULL,
-     cyf_i4q_dot_t_generic, cyf_i4q_dot_t_rows_generic, cyf_i4_pack_run, cyf_i4_pack_t},
+    {"int4", "int8 activations in decode and prefill, generic integer loops", 0, 0, NULL, NULL,
+     cyf_i4q_dot_t_generic, cyf_i4q_dot_t_rows_generic, NULL, cyf_i4_pack_t},
     {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t_generic,
      cyf_q80_dot_t_rows, NULL, cyf_q80_pack_t},
     {"q4_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q40_dot_t_generic,
@@ -1812,8 +1490,6 @@ static inline int cyf_formats_select(int features)
         i8->dot_t_rows = cyf_i8q_vnni_dot_t_rows;
         i8->dot_tp_rows = cyf_i8q_dot_tp_rows_vnni;
         i8->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
-        i4->gemv_block = cyf_i4q_gemv_block_vnni;
-        i4->gemv_block_rows = cyf_i4q_gemv_block_rows_vnni;
         i4->dot_t = cyf_i4q_dot_t_vnni;
         i4->dot_t_rows = cyf_i4q_dot_t_rows_vnni;
         i8->qgemm = &cyf_i8_qgemm_vnni;
@@ -1826,8 +1502,6 @@ static inline int cyf_formats_select(int features)
     i8->dot_t_rows = cyf_i8q_generic_dot_t_rows;
     i8->dot_tp_rows = cyf_i8q_dot_tp_rows_generic;
     i8->kernels = "int8 activations in decode and prefill, generic integer loops";
-    i4->gemv_block = cyf_i4q_gemv_block_generic;
-    i4->gemv_block_rows = NULL;
     i4->dot_t = cyf_i4q_dot_t_generic;
     i4->dot_t_rows = cyf_i4q_dot_t_rows_generic;
     i8->qgemm = &cyf_i8_qgemm_generic;
@@ -1840,7 +1514,6 @@ static inline int cyf_formats_select(int features)
         i8->dot_tp_rows = cyf_i8q_dot_tp_rows_avx2;
         i8->qgemm = &cyf_i8_qgemm_avx2;
         i8->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
-        i4->gemv_block = cyf_i4q_gemv_block_avx2;
         i4->dot_t = cyf_i4q_dot_t_avx2;
         i4->dot_t_rows = cyf_i4q_dot_t_rows_avx2;
         i4->qgemm = &cyf_i4_qgemm_avx2;

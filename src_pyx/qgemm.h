@@ -9,10 +9,10 @@
  * term: for each run of bpp blocks (linalg's GEMV_ROWS rows) a partial sum
  * p = fma(d_b, isum_b, p) from 0 in block order (int4: (d_b * s_b) first),
  * the partials added in order: backends/numpy_ref's q8_matvec /
- * grouped_matvec, bit for bit on any CPU.  That is int4 [K, N]'s decode
- * order too; int8 and the GGUF records decode a row per output in lanes
- * (q8_matvec_t, q8_0_matvec), the same integer products summed in another
- * float order. */
+ * grouped_matvec of the transposed codes, bit for bit on any CPU.  Every
+ * format with a qgemm is stored a row per output (rows_out) and decodes
+ * in lanes (q8_matvec_t, q4_matvec_t, q8_0_matvec): the same integer
+ * products summed in another float order. */
 #ifndef CYFORMER_QGEMM_H
 #define CYFORMER_QGEMM_H
 
@@ -35,7 +35,8 @@ static inline ptrdiff_t cyf_qstrip_bytes(ptrdiff_t K)
 
 typedef struct cyf_qgemm {
     /* columns n0 .. n0+pw-1 of W [K, N] into ceil(pw / CYF_QNR) strips of
-     * cyf_qstrip_bytes(K) each, one after another */
+     * cyf_qstrip_bytes(K) each, one after another; NULL: such a matrix
+     * takes the float32 GEMM (every format here is [N, K] today) */
     void (*pack)(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw);
     /* c[r * CYF_QNR + j] = row r of the quantized x times output j of the
      * strip, r < rows <= CYF_QMR (before the format's out_scale): codes q
@@ -90,24 +91,6 @@ static void cyf_i8_qpack_t(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, p
         for (ptrdiff_t k = 0; k < K; k++)
             *cyf_qstrip_code(strip, k, j % CYF_QNR) = (unsigned char)(row[k] + 128);
     }
-}
-
-/* int4: nibbles unpacked to codes (nibble - 8 + 128), the group scales
- * (a group is an activation block: CYF_GROUP == CYF_QB) copied beside. */
-static void cyf_i4_qpack(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw)
-{
-    const ptrdiff_t sb = cyf_qstrip_bytes(K), nstr = (pw + CYF_QNR - 1) / CYF_QNR;
-    const ptrdiff_t nblk = (K + CYF_QB - 1) / CYF_QB, cb = nblk * CYF_QB * CYF_QNR;
-    cyf_qpanel_clear(panel, K, nstr);
-    for (ptrdiff_t k = 0; k < K; k++) {
-        const unsigned char *row = (const unsigned char *)W->data + (k >> 1) * W->ld + n0;
-        const int sh = (int)(k & 1) * 4;
-        for (ptrdiff_t j = 0; j < pw; j++)
-            *cyf_qstrip_code(panel + (j / CYF_QNR) * sb, k, j % CYF_QNR) = (unsigned char)(((row[j] >> sh) & 15) + 120);
-    }
-    for (ptrdiff_t b = 0; b < nblk; b++)
-        for (ptrdiff_t j = 0; j < pw; j++)
-            ((float *)(panel + (j / CYF_QNR) * sb + cb))[b * CYF_QNR + j % CYF_QNR] = W->scale[b * N + n0 + j];
 }
 
 /* int4 W [N, K] (a row per output; byte p: input 2p low, 2p + 1 high):
@@ -238,7 +221,7 @@ static void cyf_i4_qtile_generic(float *c, const signed char *q, const float *d,
 }
 
 static const cyf_qgemm cyf_i8_qgemm_generic = {NULL, cyf_i8_qtile_generic, cyf_i8_qpack_t};
-static const cyf_qgemm cyf_i4_qgemm_generic = {cyf_i4_qpack, cyf_i4_qtile_generic, cyf_i4_qpack_t};
+static const cyf_qgemm cyf_i4_qgemm_generic = {NULL, cyf_i4_qtile_generic, cyf_i4_qpack_t};
 
 #if CYF_HAVE_VNNI_KERNELS
 /* The tile with vpdpbusd: per 4 inputs, 2 vectors of packed codes against a
@@ -326,72 +309,6 @@ static void cyf_i4_qtile_vnni(float *c, const signed char *q, const float *d, co
     cyf_qtile_vnni_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
 }
 
-/* Packing 64 columns by 4 inputs at a time: the rows interleaved by two
- * unpacks (columns 16L + 0-3, 4-7, 8-11, 12-15 in 128-bit lane L of four
- * vectors, as in cyf_i4q_gemv_block_vnni), then a 4 x 4 transpose of lanes
- * puts 16 consecutive columns in each vector.  The same bytes as the
- * generic packing. */
-__attribute__((target("avx512vnni"), always_inline))
-static inline void cyf_qpack_vnni_(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
-                                   ptrdiff_t pw, int int4)
-{
-    const ptrdiff_t sb = cyf_qstrip_bytes(K), nblk = (K + CYF_QB - 1) / CYF_QB, Kp = nblk * CYF_QB;
-    const ptrdiff_t nstr = (pw + CYF_QNR - 1) / CYF_QNR, ld = W->ld, nrows = int4 ? (K + 1) / 2 : K;
-    const unsigned char *base = (const unsigned char *)W->data + n0;
-    const __m512i zero = _mm512_setzero_si512(), flip = _mm512_set1_epi8((char)0x80);
-    const __m512i nib = _mm512_set1_epi8(15), off = _mm512_set1_epi8(120);
-    for (ptrdiff_t j0 = 0; j0 < pw; j0 += 64) {
-        const ptrdiff_t nc = pw - j0 < 64 ? pw - j0 : 64;
-        const __mmask64 m = nc == 64 ? ~(__mmask64)0 : ((__mmask64)1 << nc) - 1;
-        unsigned char *s0 = panel + (j0 / CYF_QNR) * sb;
-        const int second = j0 / CYF_QNR + 1 < nstr;
-        for (ptrdiff_t k = 0; k < Kp; k += 4) {
-            __m512i r0, r1, r2, r3;
-            if (int4) {
-                const ptrdiff_t p = k >> 1;
-                const __m512i a = p < nrows ? _mm512_maskz_loadu_epi8(m, base + p * ld + j0) : zero;
-                const __m512i c = p + 1 < nrows ? _mm512_maskz_loadu_epi8(m, base + (p + 1) * ld + j0) : zero;
-                r0 = _mm512_add_epi8(_mm512_and_si512(a, nib), off);
-                r1 = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(a, 4), nib), off);
-                r2 = _mm512_add_epi8(_mm512_and_si512(c, nib), off);
-                r3 = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(c, 4), nib), off);
-            } else {
-                r0 = _mm512_xor_si512(k < nrows ? _mm512_maskz_loadu_epi8(m, base + k * ld + j0) : zero, flip);
-                r1 = _mm512_xor_si512(k + 1 < nrows ? _mm512_maskz_loadu_epi8(m, base + (k + 1) * ld + j0) : zero, flip);
-                r2 = _mm512_xor_si512(k + 2 < nrows ? _mm512_maskz_loadu_epi8(m, base + (k + 2) * ld + j0) : zero, flip);
-                r3 = _mm512_xor_si512(k + 3 < nrows ? _mm512_maskz_loadu_epi8(m, base + (k + 3) * ld + j0) : zero, flip);
-            }
-            const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
-            const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
-            const __m512i e = _mm512_unpacklo_epi16(lo01, lo23), f = _mm512_unpackhi_epi16(lo01, lo23);
-            const __m512i g = _mm512_unpacklo_epi16(hi01, hi23), h = _mm512_unpackhi_epi16(hi01, hi23);
-            const __m512i t0 = _mm512_shuffle_i32x4(e, f, 0x44), t1 = _mm512_shuffle_i32x4(g, h, 0x44);
-            const __m512i t2 = _mm512_shuffle_i32x4(e, f, 0xEE), t3 = _mm512_shuffle_i32x4(g, h, 0xEE);
-            unsigned char *dst = s0 + (k >> 2) * (4 * CYF_QNR);
-            _mm512_storeu_si512(dst, _mm512_shuffle_i32x4(t0, t1, 0x88));
-            _mm512_storeu_si512(dst + 64, _mm512_shuffle_i32x4(t0, t1, 0xDD));
-            if (second) {
-                _mm512_storeu_si512(dst + sb, _mm512_shuffle_i32x4(t2, t3, 0x88));
-                _mm512_storeu_si512(dst + sb + 64, _mm512_shuffle_i32x4(t2, t3, 0xDD));
-            }
-        }
-    }
-    for (ptrdiff_t s = 0; s < nstr; s++) {
-        float *sc = (float *)(panel + s * sb + Kp * CYF_QNR);
-        const ptrdiff_t nc = pw - s * CYF_QNR < CYF_QNR ? pw - s * CYF_QNR : CYF_QNR;
-        for (ptrdiff_t b = 0; b < nblk; b++)
-            for (ptrdiff_t j = 0; j < CYF_QNR; j++)
-                sc[b * CYF_QNR + j] = int4 && j < nc ? W->scale[b * N + n0 + s * CYF_QNR + j] : 0.0f;
-    }
-}
-
-__attribute__((target("avx512vnni")))
-static void cyf_i4_qpack_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
-                              ptrdiff_t pw)
-{
-    cyf_qpack_vnni_(panel, W, K, N, n0, pw, 1);
-}
-
 /* cyf_i8_qpack_t with AVX-512: 16 rows' 64-byte runs are 16 x 16 dwords
  * (4 inputs of one output each); transposed, each vector is one quad of
  * inputs for the 16 outputs, half a row of the strip.  Outputs past pw and inputs past K load
@@ -426,7 +343,7 @@ static void cyf_i8_qpack_t_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t
 }
 
 static const cyf_qgemm cyf_i8_qgemm_vnni = {NULL, cyf_i8_qtile_vnni, cyf_i8_qpack_t_vnni};
-static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qpack_vnni, cyf_i4_qtile_vnni, cyf_i4_qpack_t};
+static const cyf_qgemm cyf_i4_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_i4_qpack_t};
 /* GGUF's records: int4's grouped tile (their codes fit it); always [N, K] */
 static const cyf_qgemm cyf_q80_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_q80_qpack_t};
 static const cyf_qgemm cyf_q40_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_q40_qpack_t};
@@ -527,7 +444,7 @@ static void cyf_i4_qtile_avx2(float *c, const signed char *q, const float *d, co
 }
 
 static const cyf_qgemm cyf_i8_qgemm_avx2 = {NULL, cyf_i8_qtile_avx2, cyf_i8_qpack_t};
-static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qpack, cyf_i4_qtile_avx2, cyf_i4_qpack_t};
+static const cyf_qgemm cyf_i4_qgemm_avx2 = {NULL, cyf_i4_qtile_avx2, cyf_i4_qpack_t};
 /* q4_0's codes fit int4's 16-bit block sums; q8_0's do not (|w| up to 127) */
 static const cyf_qgemm cyf_q40_qgemm_avx2 = {NULL, cyf_i4_qtile_avx2, cyf_q40_qpack_t};
 #endif

@@ -71,7 +71,8 @@ def _reference(w, fmt, transposed):
     float64: scale = max |w| / qmax (per output, or per output and group of
     32 inputs) in float32, code = rint(w / scale) clipped (w / 1 where the
     scale is 0 or NaN), int4 codes paired along the inputs as nibbles + 8;
-    int8 codes a row per output whatever the orientation."""
+    int8 and int4 codes (and int4's scales) a row per output whatever the
+    orientation."""
     x = (w.T if transposed else w).astype(np.float64)  # [K, N]: outputs last
     K, N = x.shape
     if fmt == "int8":
@@ -87,7 +88,7 @@ def _reference(w, fmt, transposed):
     q = q.reshape(ng * 32, N)[:K + K % 2]
     nib = (q + 8).astype(np.uint8)
     data = nib[0::2] | (nib[1::2] << 4)                                    # [K/2, N]
-    return (data.T, scale.T) if transposed else (data, scale)
+    return np.ascontiguousarray(data.T), np.ascontiguousarray(scale.T)     # a row per output (rows_out)
 
 
 def _int4_reference(g):
@@ -160,7 +161,7 @@ def test_quantize_is_the_float64_formula_bitwise(rng, monkeypatch, kind, K, N, s
             amax = np.abs(w).max(axis=0)[None, :] if fmt == "int8" else 7 / 16
             assert (np.abs(w / (amax / (127 if fmt == "int8" else 7))) % 1 == 0.5).any()  # ties were there
             if fmt == "int4":  # ... at the scales chosen
-                chosen = np.repeat(quantize(w, "int4").scale, 32, axis=0)[:K]
+                chosen = np.repeat(quantize(w, "int4").scale.T, 32, axis=0)[:K]
                 assert (np.abs(w / chosen) % 1 == 0.5).any()
     bf_step = quantize(W, "bfloat16", transposed=True).data.tobytes()
     monkeypatch.setattr(formats, "STEP", 1 << 30)  # bfloat16 in one step: the same bits
@@ -254,6 +255,17 @@ def _int8_reference(x, p):
     return np.stack([q8_matvec(r, p.data.T, p.scale, 64) for r in x])
 
 
+def _int4_product_reference(x, p):
+    """x [T, K] times an int4 Packed (data and scales a row per output in
+    either orientation) as the kernels sum it: decode (T < 4) in 16 lanes
+    per 128 inputs (q4_matvec_t), the integer GEMM in row blocks of 64
+    (q4_matvec of the transposed codes and scales)."""
+    from cyformer.backends.numpy_ref import q4_matvec, q4_matvec_t
+    if len(x) < 4:
+        return np.stack([q4_matvec_t(r, p.data, p.scale) for r in x])
+    return np.stack([q4_matvec(r, p.data.T, p.scale.T, 64) for r in x])
+
+
 @pytest.mark.parametrize("fmt", PACKED)
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("T", [1, 2, 3, 7, 30])
@@ -270,18 +282,8 @@ def test_linear_matches_numpy_on_dequantized_weights(rng, fmt, transposed, T, th
     if fmt == "int8":  # int8 activations, either orientation (a row per output)
         ref = _int8_reference(x, p).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)  # the bias added (maybe fused) after
-    elif fmt == "int4" and not transposed:  # int8 activations, matrix-vector path and GEMM alike
-        from cyformer.backends.numpy_ref import q4_matvec
-        ref = np.stack([q4_matvec(r, p.data, p.scale, 64) for r in x]).astype(np.float64) + b
-        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
-    elif fmt == "int4" and T < 4:  # [N, K]'s matrix-vector path: int8 activations too
-        from cyformer.backends.numpy_ref import q4_matvec_t
-        ref = np.stack([q4_matvec_t(r, p.data, p.scale) for r in x]).astype(np.float64) + b
-        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
-    elif fmt == "int4":  # and its integer GEMM: q4_matvec's sums of the transposed codes and scales
-        from cyformer.backends.numpy_ref import q4_matvec
-        data, scale = np.ascontiguousarray(p.data.T), np.ascontiguousarray(p.scale.T)
-        ref = np.stack([q4_matvec(r, data, scale, 64) for r in x]).astype(np.float64) + b
+    elif fmt == "int4":  # the same, int4's references
+        ref = _int4_product_reference(x, p).astype(np.float64) + b
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     elif fmt == "bfloat16" and T < 4 and linalg.select_format_kernels()["avx512_bf16"]:
         # matrix-vector with AVX512-BF16: bf16 activations, vdpbf16ps, a row per output either way
@@ -306,12 +308,8 @@ def test_mlp_and_embedding_take_packed_weights(rng, fmt):
     W_out = quantize(rng.standard_normal((F, C)).astype(np.float32) / 10, fmt)
     got = mlp.mlp_forward(x, W_in, None, W_out, None, activation="swiglu")
     if fmt in ("int8", "int4"):  # int8 activations: each product is the q8 reference's
-        from cyformer.backends.numpy_ref import q4_matvec
-
         def prod(a, W):
-            if fmt == "int8":
-                return _int8_reference(a, W).astype(np.float64)
-            return np.stack([q4_matvec(r, W.data, W.scale, 64) for r in a]).astype(np.float64)
+            return (_int8_reference if fmt == "int8" else _int4_product_reference)(a, W).astype(np.float64)
         h = prod(x, W_in)
         post = (h[:, :F] / (1 + np.exp(-h[:, :F])) * h[:, F:]).astype(np.float32)
         # a hidden value a rounding away from a code's half step may take the
@@ -575,6 +573,44 @@ def test_saved_before_rows_out_still_loads(tmp_path, fmt):
     assert np.array_equal(again.forward(ids), m.forward(ids))
 
 
+@pytest.mark.parametrize("key", [None, "int8,q8_0,q4_0"])
+def test_int4_saved_before_rows_out_still_loads(tmp_path, key):
+    """A file written when int4 block matrices were stored [K, N] (pairs
+    [K/2, N], group scales [K/32, N]): without the cyformer.rows_out key,
+    or with the key of the files written between int8's switch and int4's,
+    it loads as today's a-row-per-output arrays, the same model bit for bit."""
+    from safetensors.numpy import load_file
+
+    from cyformer.saving import write_safetensors
+    from cyformer.weights import SAVED_ROWS_OUT_KEY, TRANSPOSED
+
+    m = cyformer.load(dtype="int4")
+    out = m.save(tmp_path / "new")
+    p = os.path.join(out, "model.safetensors")
+    with open(p, "rb") as f:
+        meta = json.loads(f.read(int.from_bytes(f.read(8), "little")))["__metadata__"]
+    assert "int4" in meta[SAVED_ROWS_OUT_KEY].split(",")
+    if key is None:
+        del meta[SAVED_ROWS_OUT_KEY]
+    else:
+        meta[SAVED_ROWS_OUT_KEY] = key
+    tensors = load_file(p)
+
+    def block_int4(n):
+        base = n[:-len(".scale")] if n.endswith(".scale") else n
+        return base not in TRANSPOSED and (tensors[base].dtype == np.uint8)
+
+    old = {n: (np.ascontiguousarray(a.T) if block_int4(n) else a) for n, a in tensors.items()}
+    assert sum(block_int4(n) for n in old) == 2 * 4 * m.config.n_layer  # data and scales of 4 matrices a block
+    write_safetensors(p, old, meta)
+    again = cyformer.load(out)
+    w = again.weights.blocks[0].c_fc.weight
+    assert w.data.shape == (w.shape[1], -(-w.shape[0] // 2)) and w.data.flags.c_contiguous
+    assert w.scale.shape == (w.shape[1], -(-w.shape[0] // 32)) and w.scale.flags.c_contiguous
+    ids = np.arange(1, 40)
+    assert np.array_equal(again.forward(ids), m.forward(ids))
+
+
 def test_int4_keeps_the_embedding_in_int8(tmp_path):
     m = cyformer.load(dtype="int4")
     assert m.dtype == "int4" and m.weights.wte.fmt == "int8" and m.weights.wte.transposed
@@ -726,17 +762,23 @@ def test_int8_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_int4_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
-    from cyformer.backends.numpy_ref import q4_matvec
+    """A block matrix W [K, N] holds its int4 codes and group scales a row
+    per output (rows_out), so decode runs the [N, K] kernels on it: each row
+    of x against numpy_ref.q4_matvec_t bit for bit, alone and as the
+    batched step's rows."""
+    from cyformer.backends.numpy_ref import q4_matvec_t
     linalg.select_format_kernels(int8_variant)
     W = quantize(rng.standard_normal((K, N)).astype(np.float32), "int4")
-    x = rng.standard_normal((3, K)).astype(np.float32)
+    assert W.data.shape == (N, -(-K // 2)) and W.scale.shape == (N, -(-K // 32)) and W.data.flags.c_contiguous
+    x = rng.standard_normal((7, K)).astype(np.float32)
     x[2, :min(K, 40)] *= 1e-3
+    want = np.stack([q4_matvec_t(r, W.data, W.scale) for r in x])
     for T in (1, 2, 3):
         got = linalg.linear_forward(x[:T], W, threads=threads)
-        for t in range(T):
-            want = q4_matvec(x[t], W.data, W.scale, 64)
-            np.testing.assert_array_equal(got[t].view(np.uint32), want.view(np.uint32))
-        np.testing.assert_allclose(got, x[:T] @ W.dequantize(), rtol=0.05, atol=0.05 * np.sqrt(K))
+        np.testing.assert_array_equal(got.view(np.uint32), want[:T].view(np.uint32))
+    got = linalg.matvec_rows(x, W, threads=threads)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_allclose(want, x @ W.dequantize(), rtol=0.05, atol=0.05 * np.sqrt(K))
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
@@ -816,10 +858,9 @@ def test_int4_rows_out_non_finite_activations_give_nan(int8_variant):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_integer_gemm_rows_are_the_matvec_rows(rng, int8_variant, fmt, K, N, threads):
     # prefill (T >= 4 rows: the integer GEMM) sums each row as the q8
-    # reference's row blocks do; for int4 [K, N] that is decode's order too,
-    # so a row's logits do not depend on the path it took.  int8 decodes a
-    # row per output in lanes (q8_matvec_t): the same integer products, the
-    # float sums in another order, within a few roundings.
+    # reference's row blocks do.  int8 and int4 decode a row per output in
+    # lanes (q8_matvec_t, q4_matvec_t): the same integer products, the float
+    # sums in another order, within a few roundings.
     from cyformer.backends.numpy_ref import q4_matvec, q8_matvec
     linalg.select_format_kernels(int8_variant)
     W = quantize(rng.standard_normal((K, N)).astype(np.float32), fmt)
@@ -829,16 +870,14 @@ def test_integer_gemm_rows_are_the_matvec_rows(rng, int8_variant, fmt, K, N, thr
     if fmt == "int8":
         want = np.stack([q8_matvec(r, W.data.T, W.scale, 64) for r in x])  # linalg's GEMV_ROWS
     else:
-        want = np.stack([q4_matvec(r, W.data, W.scale, 64) for r in x])
+        want = np.stack([q4_matvec(r, W.data.T, W.scale.T, 64) for r in x])
     for T in (4, 7, 23):  # tiles of 6 rows: one part-filled, one full and part-filled, several
         got = linalg.linear_forward(x[:T], W, threads=threads)
         np.testing.assert_array_equal(got.view(np.uint32), want[:T].view(np.uint32))
         for t in (0, T - 1):
             one = linalg.linear_forward(x[t:t + 1], W, threads=threads)
-            if fmt == "int8":  # float32 sums of up to K terms of either order: a few ulps of the largest
-                np.testing.assert_allclose(got[t], one[0], rtol=0, atol=1e-5 * np.abs(one[0]).max() + 1e-30)
-            else:
-                np.testing.assert_array_equal(got[t].view(np.uint32), one[0].view(np.uint32))
+            # float32 sums of up to K terms of either order: a few ulps of the largest
+            np.testing.assert_allclose(got[t], one[0], rtol=0, atol=1e-5 * np.abs(one[0]).max() + 1e-30)
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
@@ -889,18 +928,18 @@ def test_integer_gemm_at_the_integer_limits(rng, int8_variant, fmt):
         W = Packed("int8", np.ascontiguousarray(np.where(hi, 127, -128).astype(np.int8).T),
                    np.full(N, 0.01, np.float32), (K, N), False)
         W.data[:10] = -128
-    else:
-        codes = np.where(hi, 15, 0).astype(np.uint8)  # nibbles: w + 8
+    else:  # nibbles w + 8, pairs and group scales a row per output
+        codes = np.where(hi, 15, 0).astype(np.uint8)
         codes[:, :10] = 0
-        W = Packed("int4", codes[0::2] | (codes[1::2] << 4),
-                   rng.uniform(0.5, 2, (K // 32, N)).astype(np.float32), (K, N), False)
+        W = Packed("int4", np.ascontiguousarray((codes[0::2] | (codes[1::2] << 4)).T),
+                   np.ascontiguousarray(rng.uniform(0.5, 2, (N, K // 32)).astype(np.float32)), (K, N), False)
     x = np.where(rng.random((9, K)) < 0.5, 1.0, -1.0).astype(np.float32)
     x[0] = 1.0
     x[1] = -1.0
     if fmt == "int8":
         want = np.stack([q8_matvec(r, W.data.T, W.scale, 64) for r in x])
     else:
-        want = np.stack([q4_matvec(r, W.data, W.scale, 64) for r in x])
+        want = np.stack([q4_matvec(r, W.data.T, W.scale.T, 64) for r in x])
     got = linalg.linear_forward(x, W)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     np.testing.assert_allclose(got[:2, :10], np.broadcast_to(
@@ -1013,9 +1052,9 @@ def test_integer_gemm_of_int4_rows_out(rng, int8_variant, K, N, threads):
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_integer_gemm_epilogue_and_non_finite_rows(rng, int8_variant, fmt):
-    # bias, activation and accumulate as the matrix-vector path applies them
-    # (int8, whose decode sums in another order: as a GEMM of that row alone
-    # applies them); a NaN or infinity spoils its own row only
+    # bias, activation and accumulate as a GEMM of that row alone applies
+    # them (decode sums in another order); a NaN or infinity spoils its own
+    # row only
     linalg.select_format_kernels(int8_variant)
     K, N = 130, 200
     W = quantize(rng.standard_normal((K, N)).astype(np.float32) / 8, fmt)
@@ -1027,9 +1066,8 @@ def test_integer_gemm_epilogue_and_non_finite_rows(rng, int8_variant, fmt):
         base = rng.standard_normal((9, N)).astype(np.float32)
         got = linalg.linear_forward(x, W, b, out=base.copy() if "accumulate" in kw else None, threads=2, **kw)
         for t in range(9):
-            n = 4 if fmt == "int8" else 1  # 4 rows: the GEMM
-            one = linalg.linear_forward(np.repeat(x[t:t + 1], n, axis=0), W, b, threads=2, **kw,
-                                        out=np.repeat(base[t:t + 1], n, axis=0) if "accumulate" in kw else None)
+            one = linalg.linear_forward(np.repeat(x[t:t + 1], 4, axis=0), W, b, threads=2, **kw,  # 4 rows: the GEMM
+                                        out=np.repeat(base[t:t + 1], 4, axis=0) if "accumulate" in kw else None)
             np.testing.assert_array_equal(got[t].view(np.uint32), one[0].view(np.uint32))
     assert np.isnan(got[[3, 7]]).all() and np.isfinite(np.delete(got, [3, 7], axis=0)).all()
 
