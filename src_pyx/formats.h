@@ -394,35 +394,44 @@ static inline float cyf_i4q_row_dot_t(const unsigned char *w, const float *sc, c
     return cyf_lanes16_sum(lane);
 }
 
-/* dot_t for nr rows of x (dot_t: nr = 1): x quantized once per call, 8
- * rows at a time, then each row of W read once for those rows. */
-static void cyf_i4q_dot_t_rows_generic(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W,
-                                       ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+/* A row of x prepared once per product (int4's `prep`, read by
+ * dot_tp_rows): cyf_q4_row_t's qe [nch * 64], qo [nch * 64], dl [nch * 16]
+ * and corr [nch * 16], one after another, 256 bytes per chunk of 128 inputs
+ * (a multiple of 64). */
+static ptrdiff_t cyf_i4q_prep_bytes(ptrdiff_t K)
 {
-    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, nc1 = nch ? nch : 1;
-    const ptrdiff_t ng = (K + CYF_GROUP - 1) / CYF_GROUP;
-    signed char qe[8 * nc1 * 64], qo[8 * nc1 * 64];
-    float dl[8 * nc1 * 16];
-    int corr[8 * nc1 * 16];
-    for (int r0 = 0; r0 < nr; r0 += 8) {
-        const int m = nr - r0 < 8 ? nr - r0 : 8;
-        for (int r = 0; r < m; r++)
-            cyf_q4_row_t(x + (r0 + r) * ldx, K, qe + r * nch * 64, qo + r * nch * 64, dl + r * nch * 16,
-                         corr + r * nch * 16);
-        for (ptrdiff_t j = 0; j < nw; j++) {
-            const unsigned char *w = (const unsigned char *)W->data + (a + j) * W->ld;
-            const float *sc = W->scale + (a + j) * ng;
-            for (int r = 0; r < m; r++)
-                acc[(r0 + r) * nw + j] = cyf_i4q_row_dot_t(w, sc, qe + r * nch * 64, qo + r * nch * 64,
-                                                           dl + r * nch * 16, corr + r * nch * 16, K);
+    return (K + CYF_Q4C - 1) / CYF_Q4C * 256;
+}
+
+#define CYF_I4Q_QE(xp) ((const signed char *)(xp))
+#define CYF_I4Q_QO(xp, nch) ((const signed char *)(xp) + (nch) * 64)
+#define CYF_I4Q_DL(xp, nch) ((const float *)((const unsigned char *)(xp) + (nch) * 128))
+#define CYF_I4Q_CORR(xp, nch) ((const int *)((const unsigned char *)(xp) + (nch) * 192))
+
+static void cyf_i4q_prep(void *xp, const float *x, ptrdiff_t K)
+{
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C;
+    signed char *p = (signed char *)xp;
+    cyf_q4_row_t(x, K, p, p + nch * 64, (float *)(p + nch * 128), (int *)(p + nch * 192));
+}
+
+/* dot_t of prepared rows (ldxp bytes apart), acc[j + r * nw]: each row of W
+ * read once for every row of x, the generic loops */
+static void cyf_i4q_dot_tp_rows_generic(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                        ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, ng = (K + CYF_GROUP - 1) / CYF_GROUP;
+    for (ptrdiff_t j = 0; j < nw; j++) {
+        const unsigned char *w = (const unsigned char *)W->data + (a + j) * W->ld;
+        const float *sc = W->scale + (a + j) * ng;
+        for (int r = 0; r < nr; r++) {
+            const unsigned char *xr = (const unsigned char *)xp + r * ldxp;
+            acc[r * nw + j] = cyf_i4q_row_dot_t(w, sc, CYF_I4Q_QE(xr), CYF_I4Q_QO(xr, nch), CYF_I4Q_DL(xr, nch),
+                                                CYF_I4Q_CORR(xr, nch), K);
         }
     }
 }
-
-static void cyf_i4q_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    cyf_i4q_dot_t_rows_generic(acc, x, K, 1, W, a, nw, K);
-}
+CYF_PREP_WRAPPERS(cyf_i4q_generic, cyf_i4q_prep_bytes, cyf_i4q_prep, cyf_i4q_dot_tp_rows_generic)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define CYF_HAVE_VNNI_KERNELS 1
@@ -570,13 +579,13 @@ static inline void cyf_q4_row_t_vnni(const float *x, ptrdiff_t K, signed char *q
  * codes in two vpdpbusd (nibbles unsigned, codes signed) into the same
  * int32 lanes, each lane starting from its correction, so lane l holds the
  * exact sum of cyf_i4q_row_dot_t's lane l.  The group scales of the chunk
- * (4 floats) are spread over the lanes by one permute.  A tile of MX rows of
- * x and MW rows of W shares every load; MX, MW are constants once inlined. */
+ * (4 floats) are spread over the lanes by one permute.  A tile of MX
+ * prepared rows of x (ldxp bytes apart) and MW rows of W shares every load;
+ * MX, MW are constants once inlined. */
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_i4q_dot_t_tile(float *acc, ptrdiff_t ldacc, const unsigned char *w, ptrdiff_t ld,
-                                      const float *sc, ptrdiff_t ng, const int MW, const signed char *qe,
-                                      const signed char *qo, const int *corr, const float *dl, const int MX,
-                                      ptrdiff_t nch, ptrdiff_t K)
+                                      const float *sc, ptrdiff_t ng, const int MW, const unsigned char *xp,
+                                      ptrdiff_t ldxp, const int MX, ptrdiff_t nch, ptrdiff_t K)
 {
     const __m512i nib = _mm512_set1_epi8(15);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -598,10 +607,11 @@ static inline void cyf_i4q_dot_t_tile(float *acc, ptrdiff_t ldacc, const unsigne
             s16[m] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(LOADS(sc + m * ng + 4 * c)));   \
         }                                                                                                 \
         for (int r = 0; r < MX; r++) {                                                                    \
-            const __m512i e = _mm512_loadu_si512(qe + (r * nch + c) * 64);                                \
-            const __m512i o = _mm512_loadu_si512(qo + (r * nch + c) * 64);                                \
-            const __m512i k = _mm512_loadu_si512(corr + (r * nch + c) * 16);                              \
-            const __m512 d = _mm512_loadu_ps(dl + (r * nch + c) * 16);                                    \
+            const unsigned char *xr = xp + r * ldxp;                                                      \
+            const __m512i e = _mm512_loadu_si512(CYF_I4Q_QE(xr) + c * 64);                                \
+            const __m512i o = _mm512_loadu_si512(CYF_I4Q_QO(xr, nch) + c * 64);                           \
+            const __m512i k = _mm512_loadu_si512(CYF_I4Q_CORR(xr, nch) + c * 16);                         \
+            const __m512 d = _mm512_loadu_ps(CYF_I4Q_DL(xr, nch) + c * 16);                               \
             for (int m = 0; m < MW; m++) {                                                                \
                 const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(k, lo[m], e), hi[m], o);        \
                 f[r][m] = _mm512_fmadd_ps(_mm512_mul_ps(d, s16[m]), _mm512_cvtepi32_ps(s), f[r][m]);      \
@@ -632,34 +642,36 @@ static inline void cyf_i4q_dot_t_tile(float *acc, ptrdiff_t ldacc, const unsigne
         }
 }
 
-/* acc[j + r * nw] = row r of x (ldx apart) . row a + j of W [N, K]: x is
- * quantized 4 rows at a time, then every 2 rows of W meet those 4 from
- * registers (one row of x: one row of W at a time, as int8's, which
- * streams best from DRAM); every row's arithmetic is the one-row
- * kernel's. */
+/* x prepared with AVX-512 (cyf_q4_row_t_vnni: the same bytes as cyf_i4q_prep) */
 __attribute__((target("avx512vnni")))
-static void cyf_i4q_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                                    ptrdiff_t nw, ptrdiff_t K)
+static void cyf_i4q_prep_vnni(void *xp, const float *x, ptrdiff_t K)
 {
-    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, ld = W->ld, nc1 = nch ? nch : 1;
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C;
+    signed char *p = (signed char *)xp;
+    cyf_q4_row_t_vnni(x, K, p, p + nch * 64, (float *)(p + nch * 128), (int *)(p + nch * 192));
+}
+
+/* acc[j + r * nw] = prepared row r of x (ldxp bytes apart) . row a + j of
+ * W [N, K]: every 2 rows of W meet 4 rows of x from registers (one row of
+ * x: one row of W at a time, as int8's, which streams best from DRAM);
+ * every row's arithmetic is the one-row kernel's. */
+__attribute__((target("avx512vnni")))
+static void cyf_i4q_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                     ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, ld = W->ld;
     const ptrdiff_t ng = (K + CYF_GROUP - 1) / CYF_GROUP;
     const unsigned char *Wd = (const unsigned char *)W->data + a * ld;
     const float *S = W->scale + a * ng;
-    signed char qe[4 * nc1 * 64], qo[4 * nc1 * 64];
-    float dl[4 * nc1 * 16];
-    int corr[4 * nc1 * 16];
     if (nr > 1)
         for (ptrdiff_t i = 0; i < nw * ld; i += 64)
             __builtin_prefetch(Wd + i, 0, 2);
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int mx = nr - r0 < 4 ? nr - r0 : 4;
-        for (int r = 0; r < mx; r++)
-            cyf_q4_row_t_vnni(x + (r0 + r) * ldx, K, qe + r * nch * 64, qo + r * nch * 64, dl + r * nch * 16,
-                              corr + r * nch * 16);
+        const unsigned char *x0 = (const unsigned char *)xp + r0 * ldxp;
         float *ar = acc + r0 * nw;
         ptrdiff_t j = 0;
-#define CYF_I4Q_TILE(MW, MX) cyf_i4q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, S + j * ng, ng, MW, qe, qo, corr, dl, \
-                                                MX, nch, K)
+#define CYF_I4Q_TILE(MW, MX) cyf_i4q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, S + j * ng, ng, MW, x0, ldxp, MX, nch, K)
         switch (mx) {  /* constant tile shapes: the accumulators stay in registers */
         case 1:
             for (; j < nw; j++)
@@ -686,12 +698,7 @@ static void cyf_i4q_dot_t_rows_vnni(float *acc, const float *x, ptrdiff_t ldx, i
 #undef CYF_I4Q_TILE
     }
 }
-
-__attribute__((target("avx512vnni")))
-static void cyf_i4q_dot_t_vnni(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    cyf_i4q_dot_t_rows_vnni(acc, x, K, 1, W, a, nw, K);
-}
+CYF_PREP_WRAPPERS(cyf_i4q_vnni, cyf_i4q_prep_bytes, cyf_i4q_prep_vnni, cyf_i4q_dot_tp_rows_vnni)
 #else
 #define CYF_HAVE_VNNI_KERNELS 0
 #endif
@@ -763,8 +770,8 @@ CYF_PREP_WRAPPERS(cyf_i8q_avx2, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp
  * W serves up to 4 rows of x. */
 __attribute__((target("avx2,fma"), always_inline))
 static inline void cyf_i4q_dot_t_avx2_row(float *acc, ptrdiff_t ldacc, const unsigned char *w, const float *sc,
-                                          ptrdiff_t ng, const signed char *qe, const signed char *qo, const int *corr,
-                                          const float *dl, const int MX, ptrdiff_t nch, ptrdiff_t K)
+                                          ptrdiff_t ng, const unsigned char *xp, ptrdiff_t ldxp, const int MX,
+                                          ptrdiff_t nch, ptrdiff_t K)
 {
     const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i sa = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), sb = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
@@ -791,9 +798,10 @@ static inline void cyf_i4q_dot_t_avx2_row(float *acc, ptrdiff_t ldacc, const uns
         const __m256 sv = _mm256_castps128_ps256(_mm_loadu_ps(s4));
         const __m256 s0 = _mm256_permutevar8x32_ps(sv, sa), s1 = _mm256_permutevar8x32_ps(sv, sb);
         for (int r = 0; r < MX; r++) {
-            const signed char *e = qe + (r * nch + c) * 64, *o = qo + (r * nch + c) * 64;
-            const int *k = corr + (r * nch + c) * 16;
-            const float *d = dl + (r * nch + c) * 16;
+            const unsigned char *xr = xp + r * ldxp;
+            const signed char *e = CYF_I4Q_QE(xr) + c * 64, *o = CYF_I4Q_QO(xr, nch) + c * 64;
+            const int *k = CYF_I4Q_CORR(xr, nch) + c * 16;
+            const float *d = CYF_I4Q_DL(xr, nch) + c * 16;
             const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(l0, _mm256_loadu_si256((const __m256i *)e)),
                                                 _mm256_maddubs_epi16(h0, _mm256_loadu_si256((const __m256i *)o)));
             const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(l1, _mm256_loadu_si256((const __m256i *)(e + 32))),
@@ -812,39 +820,29 @@ static inline void cyf_i4q_dot_t_avx2_row(float *acc, ptrdiff_t ldacc, const uns
     }
 }
 
+/* dot_t of prepared rows (ldxp bytes apart), each row of W serving 4 rows of x */
 __attribute__((target("avx2,fma")))
-static void cyf_i4q_dot_t_rows_avx2(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                                    ptrdiff_t nw, ptrdiff_t K)
+static void cyf_i4q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                     ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
 {
-    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, nc1 = nch ? nch : 1;
-    const ptrdiff_t ng = (K + CYF_GROUP - 1) / CYF_GROUP;
-    signed char qe[4 * nc1 * 64], qo[4 * nc1 * 64];
-    float dl[4 * nc1 * 16];
-    int corr[4 * nc1 * 16];
+    const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C, ng = (K + CYF_GROUP - 1) / CYF_GROUP;
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int m = nr - r0 < 4 ? nr - r0 : 4;
-        for (int r = 0; r < m; r++)
-            cyf_q4_row_t(x + (r0 + r) * ldx, K, qe + r * nch * 64, qo + r * nch * 64, dl + r * nch * 16,
-                         corr + r * nch * 16);
+        const unsigned char *x0 = (const unsigned char *)xp + r0 * ldxp;
         for (ptrdiff_t j = 0; j < nw; j++) {
             const unsigned char *w = (const unsigned char *)W->data + (a + j) * W->ld;
             const float *sc = W->scale + (a + j) * ng;
             float *o = acc + r0 * nw + j;
             switch (m) {  /* a constant row count, so the sums stay in registers */
-            case 4: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, qe, qo, corr, dl, 4, nch, K); break;
-            case 3: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, qe, qo, corr, dl, 3, nch, K); break;
-            case 2: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, qe, qo, corr, dl, 2, nch, K); break;
-            default: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, qe, qo, corr, dl, 1, nch, K); break;
+            case 4: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, x0, ldxp, 4, nch, K); break;
+            case 3: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, x0, ldxp, 3, nch, K); break;
+            case 2: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, x0, ldxp, 2, nch, K); break;
+            default: cyf_i4q_dot_t_avx2_row(o, nw, w, sc, ng, x0, ldxp, 1, nch, K); break;
             }
         }
     }
 }
-
-__attribute__((target("avx2,fma")))
-static void cyf_i4q_dot_t_avx2(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    cyf_i4q_dot_t_rows_avx2(acc, x, K, 1, W, a, nw, K);
-}
+CYF_PREP_WRAPPERS(cyf_i4q_avx2, cyf_i4q_prep_bytes, cyf_i4q_prep, cyf_i4q_dot_tp_rows_avx2)
 #else
 #define CYF_HAVE_AVX2_KERNELS 0
 #endif
@@ -1396,7 +1394,8 @@ static cyf_format cyf_formats[] = {
      cyf_i8q_generic_dot_t, cyf_i8q_generic_dot_t_rows, NULL, cyf_i8_pack_t, NULL, cyf_i8q_prep_bytes, cyf_i8q_prep,
      cyf_i8q_dot_tp_rows_generic},
     {"int4", "int8 activations in decode and prefill, generic integer loops", 0, 0, NULL, NULL,
-     cyf_i4q_dot_t_generic, cyf_i4q_dot_t_rows_generic, NULL, cyf_i4_pack_t},
+     cyf_i4q_generic_dot_t, cyf_i4q_generic_dot_t_rows, NULL, cyf_i4_pack_t, NULL, cyf_i4q_prep_bytes, cyf_i4q_prep,
+     cyf_i4q_dot_tp_rows_generic},
     {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t_generic,
      cyf_q80_dot_t_rows, NULL, cyf_q80_pack_t},
     {"q4_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q40_dot_t_generic,
@@ -1490,8 +1489,10 @@ static inline int cyf_formats_select(int features)
         i8->dot_t_rows = cyf_i8q_vnni_dot_t_rows;
         i8->dot_tp_rows = cyf_i8q_dot_tp_rows_vnni;
         i8->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
-        i4->dot_t = cyf_i4q_dot_t_vnni;
-        i4->dot_t_rows = cyf_i4q_dot_t_rows_vnni;
+        i4->dot_t = cyf_i4q_vnni_dot_t;
+        i4->dot_t_rows = cyf_i4q_vnni_dot_t_rows;
+        i4->prep = cyf_i4q_prep_vnni;
+        i4->dot_tp_rows = cyf_i4q_dot_tp_rows_vnni;
         i8->qgemm = &cyf_i8_qgemm_vnni;
         i4->qgemm = &cyf_i4_qgemm_vnni;
         i4->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
@@ -1502,8 +1503,10 @@ static inline int cyf_formats_select(int features)
     i8->dot_t_rows = cyf_i8q_generic_dot_t_rows;
     i8->dot_tp_rows = cyf_i8q_dot_tp_rows_generic;
     i8->kernels = "int8 activations in decode and prefill, generic integer loops";
-    i4->dot_t = cyf_i4q_dot_t_generic;
-    i4->dot_t_rows = cyf_i4q_dot_t_rows_generic;
+    i4->dot_t = cyf_i4q_generic_dot_t;
+    i4->dot_t_rows = cyf_i4q_generic_dot_t_rows;
+    i4->prep = cyf_i4q_prep;
+    i4->dot_tp_rows = cyf_i4q_dot_tp_rows_generic;
     i8->qgemm = &cyf_i8_qgemm_generic;
     i4->qgemm = &cyf_i4_qgemm_generic;
     i4->kernels = "int8 activations in decode and prefill, generic integer loops";
@@ -1514,8 +1517,9 @@ static inline int cyf_formats_select(int features)
         i8->dot_tp_rows = cyf_i8q_dot_tp_rows_avx2;
         i8->qgemm = &cyf_i8_qgemm_avx2;
         i8->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
-        i4->dot_t = cyf_i4q_dot_t_avx2;
-        i4->dot_t_rows = cyf_i4q_dot_t_rows_avx2;
+        i4->dot_t = cyf_i4q_avx2_dot_t;
+        i4->dot_t_rows = cyf_i4q_avx2_dot_t_rows;
+        i4->dot_tp_rows = cyf_i4q_dot_tp_rows_avx2;
         i4->qgemm = &cyf_i4_qgemm_avx2;
         cyf_formats[5].qgemm = &cyf_q40_qgemm_avx2;
         cyf_formats[5].kernels = "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, "

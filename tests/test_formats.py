@@ -1477,7 +1477,7 @@ def test_block_format_arguments_are_checked(fmt):
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True, ids=_variant_id)
 def test_prepared_activations_fit_the_reserved_scratch(int8_variant):
-    """Where a format prepares x once per product (int8, q8_0, q4_0), the
+    """Where a format prepares x once per product (int8, int4, q8_0, q4_0), the
     bytes of a row stay within what linalg and the decode step reserve for
     any format (CYF_PREP_FLOATS), a multiple of 64, at every K."""
     linalg.select_format_kernels(int8_variant)
@@ -1489,4 +1489,4 @@ def test_prepared_activations_fit_the_reserved_scratch(int8_variant):
                 break
             seen.add(fmt)
             assert sizes[0] <= sizes[1] and sizes[0] % 64 == 0, (fmt, K, sizes)
-    assert "int8" in seen
+    assert "int8" in seen and "int4" in seen
