@@ -38,7 +38,8 @@ row per output whatever the matrix (GGUF's layout); ``Packed.shape`` and
 difference, and the kernels read it as [N, K].  Decode streams such a
 matrix a row at a time, each row one contiguous integer dot product
 (measured on Zen 4, 2 threads, from DRAM: int8 [K, N] 13-15 GB/s, [N, K]
-18-20 GB/s before the work split was evened out).
+18-20 GB/s before the work split was evened out; int4 [K, N] 7-9 GB/s,
+[N, K] 12-17 on a shared machine).
 """
 
 from dataclasses import dataclass
