@@ -228,17 +228,6 @@ static inline void cyf_q8_row_t(const float *x, ptrdiff_t K, signed char *q, flo
             corr[l] = -128 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
 }
 
-/* the fixed reduction of 16 lanes */
-static inline float cyf_lanes16_sum(const float *a)
-{
-    float s8[8], s4[4];
-    for (int i = 0; i < 8; i++)
-        s8[i] = a[i] + a[i + 8];
-    for (int i = 0; i < 4; i++)
-        s4[i] = s8[i] + s8[i + 4];
-    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
-
 /* The activations of one row of x prepared once per product (the row's
  * `prep`, read by dot_tp_rows): codes q [npair * CYF_QP], lane scales dl
  * [npair * 16], corrections corr [npair * 16], one after another, 192
@@ -291,7 +280,7 @@ static void cyf_i8q_dot_tp_rows_generic(float *acc, const void *xp, ptrdiff_t ld
                     lane[l] = __builtin_fmaf(dl[p * 16 + l], (float)s, lane[l]);
                 }
             }
-            acc[r * nw + j] = cyf_lanes16_sum(lane);
+            acc[r * nw + j] = cyf_tree16(lane);
         }
     }
 }
@@ -324,7 +313,7 @@ CYF_PREP_WRAPPERS(cyf_i8q_generic, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot
  * of a row, 4 groups: each output sums in 16 float lanes, lane l of chunk c
  * taking the exact integer sum of inputs 128c + 8l .. 128c + 8l + 7 (a
  * quarter of group 4c + l/4) times float32(d_x * s_w) of that group, added
- * with one rounding (fmaf), chunk after chunk; then cyf_lanes16_sum's tree.
+ * with one rounding (fmaf), chunk after chunk; then cyf_tree16's tree.
  * The low nibbles of a run are its even inputs and the high ones the odd,
  * so x's codes are split once into even and odd (no shuffle of the
  * weights).  numpy_ref.q4_matvec_t is the reference, bit for bit. */
@@ -391,7 +380,7 @@ static inline float cyf_i4q_row_dot_t(const unsigned char *w, const float *sc, c
         for (int l = 0; l < 16; l++)
             lane[l] = __builtin_fmaf(dl[c * 16 + l] * s4[l / 4], (float)s[l], lane[l]);
     }
-    return cyf_lanes16_sum(lane);
+    return cyf_tree16(lane);
 }
 
 /* A row of x prepared once per product (int4's `prep`, read by
@@ -486,13 +475,8 @@ static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed 
 #undef CYF_LOAD_LAST
 #undef CYF_I8Q_T_STEP
     for (int r = 0; r < MX; r++)
-        for (int m = 0; m < MW; m++) {  /* cyf_lanes16_sum's tree */
-            const __m512 v = f[r][m];
-            const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-            const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-            const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-            acc[r * ldacc + m] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-        }
+        for (int m = 0; m < MW; m++)
+            acc[r * ldacc + m] = cyf_tree16_512(f[r][m]);
 }
 
 /* acc[j + r * nw] = prepared row r of x (ldxp bytes apart) . row a + j of
@@ -633,13 +617,8 @@ static inline void cyf_i4q_dot_t_tile(float *acc, ptrdiff_t ldacc, const unsigne
 #undef CYF_LOAD_S_LAST
 #undef CYF_I4Q_T_STEP
     for (int r = 0; r < MX; r++)
-        for (int m = 0; m < MW; m++) {  /* cyf_lanes16_sum's tree */
-            const __m512 v = f[r][m];
-            const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-            const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-            const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-            acc[r * ldacc + m] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-        }
+        for (int m = 0; m < MW; m++)
+            acc[r * ldacc + m] = cyf_tree16_512(f[r][m]);
 }
 
 /* x prepared with AVX-512 (cyf_q4_row_t_vnni: the same bytes as cyf_i4q_prep) */
@@ -720,7 +699,7 @@ CYF_PREP_WRAPPERS(cyf_i4q_vnni, cyf_i4q_prep_bytes, cyf_i4q_prep_vnni, cyf_i4q_d
 /* int8 [N, K]: a 64-byte run of a row is two 256-bit registers, lanes 0-7
  * and 8-15 of the generic loops; its last, partial run is copied into a
  * zeroed buffer (no read past the row).  Each row of W, from L1, meets
- * every prepared row of x in turn; lanes summed in cyf_lanes16_sum's tree. */
+ * every prepared row of x in turn; lanes summed in cyf_tree16's tree. */
 __attribute__((target("avx2,fma")))
 static void cyf_i8q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
                                      ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
@@ -751,10 +730,7 @@ static void cyf_i8q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp,
                 lo = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16), _mm256_cvtepi32_ps(s0), lo);
                 hi = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16 + 8), _mm256_cvtepi32_ps(s1), hi);
             }
-            const __m256 s8 = _mm256_add_ps(lo, hi);
-            const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-            const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-            acc[r * nw + j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+            acc[r * nw + j] = cyf_tree16_ps(lo, hi);
         }
     }
 }
@@ -812,12 +788,8 @@ static inline void cyf_i4q_dot_t_avx2_row(float *acc, ptrdiff_t ldacc, const uns
             f[r][1] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d + 8), s1), _mm256_cvtepi32_ps(i1), f[r][1]);
         }
     }
-    for (int r = 0; r < MX; r++) {  /* cyf_lanes16_sum's tree */
-        const __m256 s8 = _mm256_add_ps(f[r][0], f[r][1]);
-        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        acc[r * ldacc] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-    }
+    for (int r = 0; r < MX; r++)
+        acc[r * ldacc] = cyf_tree16_ps(f[r][0], f[r][1]);
 }
 
 /* dot_t of prepared rows (ldxp bytes apart), each row of W serving 4 rows of x */
@@ -925,12 +897,8 @@ cyf_bf16dp_dot(float *out, ptrdiff_t ldo, const unsigned int *xp, ptrdiff_t ldq,
             s[r] = _mm512_dpbf16_ps(s[r], wv, (__m512bh)_mm512_loadu_si512(xp + r * ldq + i / 2));
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < NX; r++) {  /* cyf_tree16: lanes j += j + w for w = 8, 4, 2, 1 */
-        const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(s[r]), _mm512_extractf32x8_ps(s[r], 1));
-        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        out[r * ldo] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-    }
+    for (int r = 0; r < NX; r++)
+        out[r * ldo] = cyf_tree16_512(s[r]);
 }
 
 /* x prepared once per product: its bf16 pairs, whole 512-bit loads (a
@@ -1013,14 +981,6 @@ static inline float cyf_half(const unsigned char *p)
     return f;
 }
 
-/* The lanes' sum as halves: the one order both kernels use. */
-static inline float cyf_q80_lanes_sum(float *s)
-{
-    for (int h = CYF_Q80_LANES / 2; h >= 1; h /= 2)
-        for (int i = 0; i < h; i++)
-            s[i] = s[i] + s[i + h];
-    return s[0];
-}
 
 /* One output: x's codes q and scales dx (nblk blocks) against row `row`. */
 static inline float cyf_q80_row_dot(const signed char *q, const float *dx, const unsigned char *row, ptrdiff_t nblk)
@@ -1039,7 +999,7 @@ static inline float cyf_q80_row_dot(const signed char *q, const float *dx, const
         }
         s[b % CYF_Q80_LANES] = __builtin_fmaf(t, (float)isum, s[b % CYF_Q80_LANES]);
     }
-    return cyf_q80_lanes_sum(s);
+    return cyf_tree16(s);
 }
 
 static void cyf_q80_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
@@ -1145,15 +1105,6 @@ static inline __m512 cyf_rec_dw(const unsigned char *rc, ptrdiff_t nb, ptrdiff_t
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
 }
 
-/* the lanes' sum as halves, in registers (cyf_q80_lanes_sum's order) */
-__attribute__((target("avx512vnni")))
-static inline float cyf_q80_sum16(__m512 s)
-{
-    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
-}
 
 #endif
 
@@ -1181,7 +1132,7 @@ static inline float cyf_q40_row_dot(const signed char *q, const float *dx, const
         }
         s[b % CYF_Q80_LANES] = __builtin_fmaf(t, (float)isum, s[b % CYF_Q80_LANES]);
     }
-    return cyf_q80_lanes_sum(s);
+    return cyf_tree16(s);
 }
 
 /* The generic dot_t for nr rows of x (dot_t: nr = 1) of either record
@@ -1359,7 +1310,7 @@ static inline void cyf_rec_dot_tp_vnni_(float *acc, const void *xpv, ptrdiff_t l
                 }
             }
             for (int r = 0; r < m; r++)
-                acc[(r0 + r) * nw + j] = cyf_q80_sum16(s[r]);
+                acc[(r0 + r) * nw + j] = cyf_tree16_512(s[r]);
         }
     }
 }

@@ -259,6 +259,27 @@ static inline float cyf_tree16(float *lanes)
     return lanes[0];
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* cyf_tree16 in registers: the 16 lanes as two halves (lo: lanes 0-7, hi:
+ * 8-15), the same additions in the same order (the dot-product kernels'
+ * last step, whatever their vector width). */
+__attribute__((target("avx2"), always_inline))
+static inline float cyf_tree16_ps(__m256 lo, __m256 hi)
+{
+    const __m256 s8 = _mm256_add_ps(lo, hi);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#endif
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) float cyf_tree16_512(__m512 v)
+{
+    return cyf_tree16_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+#endif
+
 /* The 16 lanes of a dot product (s0, s1) with the tail x[i..n) . w[i..n)
  * added lane by lane, combined in the tree: the end of cyf_dot. */
 static inline float cyf_lanes_sum(cyf_v8f s0, cyf_v8f s1, const float *x, const float *w,
