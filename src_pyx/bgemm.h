@@ -30,11 +30,10 @@ static inline ptrdiff_t cyf_bstrip_words(ptrdiff_t K)
 }
 
 typedef struct cyf_bgemm {
-    /* columns n0 .. n0+pw-1 of W [K, N] into ceil(pw / CYF_BNR) strips of
-     * cyf_bstrip_words(K) each, one after another (NULL: a rows_out format) */
-    void (*pack)(unsigned int *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw);
-    /* the same for W [N, K] (a row per output): a row's inputs 2p, 2p+1
-     * already are a pair, so packing is a 32-bit transpose */
+    /* outputs n0 .. n0+pw-1 of W [N, K] (bfloat16 stores a row per output)
+     * into ceil(pw / CYF_BNR) strips of cyf_bstrip_words(K) each, one after
+     * another: a row's inputs 2p, 2p+1 already are a pair, so packing is a
+     * 32-bit transpose */
     void (*pack_t)(unsigned int *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw);
     /* c[r * CYF_BNR + j] = row r of x times output j of the strip, r < rows
      * <= CYF_BMR: xp the rows' np pairs, ldx apart; bpp pairs per run */
@@ -130,8 +129,7 @@ static void cyf_bf16_btile(float *c, const unsigned int *xp, ptrdiff_t ldx, int 
     cyf_btile_(c, xp, ldx, rows, strip, np, bpp);
 }
 
-/* bfloat16 is always [N, K] (rows_out): no [K, N] packing */
-static const cyf_bgemm cyf_bf16_bgemm = {NULL, cyf_bf16_bpack_t, cyf_bf16_btile};
+static const cyf_bgemm cyf_bf16_bgemm = {cyf_bf16_bpack_t, cyf_bf16_btile};
 #endif
 
 #endif

@@ -52,8 +52,8 @@ typedef struct cyf_format {
     /* dst[k * ldd] = W(n, k0 + k), k < kn, of W [N, K] as scaled float32 */
     void (*pack_t)(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
                    ptrdiff_t K);
-    /* the integer GEMM of W [K, N] (qgemm.h; set by cyf_formats_select).
-     * NULL: the GEMM packs float32 panels (pack_run) */
+    /* the integer GEMM (qgemm.h; set by cyf_formats_select) of the format's
+     * [N, K] matrices.  NULL: the GEMM packs float32 panels (pack_t) */
     const struct cyf_qgemm *qgemm;
     /* x prepared once per product for W [N, K] (int8: its codes, lane scales
      * and corrections): prep_bytes(K) bytes a row of x, a multiple of 64 and

@@ -19,16 +19,12 @@
 cdef extern from "formats.h" nogil:
     # The integer GEMM of int8 / int4 weights (qgemm.h): panel packing and the register tile.
     ctypedef struct cyf_qgemm:
-        void (*pack)(unsigned char* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
-                     Py_ssize_t pw) noexcept nogil
         void (*tile)(float* c, const signed char* q, const float* d, const int* bsum, int rows,
                      const unsigned char* strip, Py_ssize_t nblk, int bpp) noexcept nogil
         void (*pack_t)(unsigned char* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
-                       Py_ssize_t pw) noexcept nogil  # for W [N, K]; NULL: float32 panels
+                       Py_ssize_t pw) noexcept nogil  # W [N, K]: every format with one is rows_out
     # The bfloat16 GEMM with AVX512-BF16 (bgemm.h): pair-interleaved strips, vdpbf16ps tile.
     ctypedef struct cyf_bgemm:
-        void (*pack)(unsigned int* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
-                     Py_ssize_t pw) noexcept nogil
         void (*pack_t)(unsigned int* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
                        Py_ssize_t pw) noexcept nogil  # for W [N, K]
         void (*tile)(float* c, const unsigned int* xp, Py_ssize_t ldx, int rows, const unsigned int* strip,
@@ -48,7 +44,7 @@ cdef extern from "formats.h" nogil:
         void (*pack_run)(float* dst, const Wt* W, Py_ssize_t N, Py_ssize_t k, Py_ssize_t n, Py_ssize_t cnt) noexcept nogil
         void (*pack_t)(float* dst, Py_ssize_t ldd, const Wt* W, Py_ssize_t n, Py_ssize_t k0, Py_ssize_t kn,
                        Py_ssize_t K) noexcept nogil
-        const cyf_qgemm* qgemm  # the integer GEMM of W [K, N], or NULL: float32 panels
+        const cyf_qgemm* qgemm  # the integer GEMM (prefill), or NULL: float32 panels
         # x prepared once per product for W [N, K], or NULL: dot_t / dot_t_rows
         Py_ssize_t (*prep_bytes)(Py_ssize_t K) noexcept nogil
         void (*prep)(void* xp, const float* x, Py_ssize_t K) noexcept nogil

@@ -57,12 +57,12 @@ cdef inline Py_ssize_t _gemm_scratch(Py_ssize_t K) noexcept nogil:
 
 cdef inline bint _qgemm_of(Wt W) noexcept nogil:
     # the format has an integer GEMM for W in its orientation
-    return W.f.qgemm != NULL and (W.f.qgemm.pack_t != NULL if W.t else W.f.qgemm.pack != NULL)
+    return W.f.qgemm != NULL and W.t
 
 
 cdef inline bint _bgemm_of(Wt W) noexcept nogil:
     # the format has a bfloat16 GEMM (bf16 activations) for W in its orientation
-    return W.f.bgemm != NULL and (W.f.bgemm.pack_t != NULL if W.t else W.f.bgemm.pack != NULL)
+    return W.f.bgemm != NULL and W.t
 
 
 cdef inline Py_ssize_t _lines(Py_ssize_t nbytes) noexcept nogil:
@@ -170,6 +170,26 @@ cdef inline Py_ssize_t _gemm_tail_start(Py_ssize_t N) noexcept nogil:
     return (N - GEMM_TAIL_COLS) // GEMM_NC * GEMM_NC
 
 
+cdef inline Py_ssize_t _gemm_nitems(Py_ssize_t N) noexcept nogil:
+    # the GEMMs' work items: panels of GEMM_NC columns, then GEMM_TAIL_NC-wide ones
+    cdef Py_ssize_t tail0 = _gemm_tail_start(N)
+    return tail0 // GEMM_NC + (N - tail0 + GEMM_TAIL_NC - 1) // GEMM_TAIL_NC
+
+
+cdef inline Py_ssize_t _gemm_panel_start(Py_ssize_t p, Py_ssize_t N) noexcept nogil:
+    # first column of work item p
+    cdef Py_ssize_t tail0 = _gemm_tail_start(N)
+    cdef Py_ssize_t nwide = tail0 // GEMM_NC
+    return p * GEMM_NC if p < nwide else tail0 + (p - nwide) * GEMM_TAIL_NC
+
+
+cdef inline Py_ssize_t _gemm_panel_width(Py_ssize_t n0, Py_ssize_t N) noexcept nogil:
+    # columns of the work item starting at n0
+    if n0 < _gemm_tail_start(N):
+        return GEMM_NC
+    return N - n0 if N - n0 < GEMM_TAIL_NC else GEMM_TAIL_NC
+
+
 cdef void _gemm(float* out, const float* x, Wt W, const float* b,
                 Py_ssize_t T, Py_ssize_t K, Py_ssize_t N,
                 int act, bint accumulate, float* scratch, int nthreads) noexcept nogil:
@@ -180,9 +200,7 @@ cdef void _gemm(float* out, const float* x, Wt W, const float* b,
     # go out in GEMM_TAIL_NC-wide panels: the thread that finishes first then
     # waits for a narrow panel, not a wide one.  Every output is the same
     # sum whatever panel it falls in.
-    cdef Py_ssize_t tail0 = _gemm_tail_start(N)
-    cdef Py_ssize_t nwide = tail0 // GEMM_NC
-    cdef Py_ssize_t nitems = nwide + (N - tail0 + GEMM_TAIL_NC - 1) // GEMM_TAIL_NC
+    cdef Py_ssize_t nitems = _gemm_nitems(N)
     cdef Py_ssize_t p, n0, pw, nstr, si, ns0, nw, tt, t0, r
     cdef int rows
     cdef float* pack
@@ -191,12 +209,8 @@ cdef void _gemm(float* out, const float* x, Wt W, const float* b,
         pack = scratch + threadid() * _gemm_scratch(K)
         tile = pack + K * GEMM_NC
         for p in prange(nitems, schedule="dynamic", chunksize=1):
-            if p < nwide:
-                n0 = p * GEMM_NC
-                pw = GEMM_NC
-            else:
-                n0 = tail0 + (p - nwide) * GEMM_TAIL_NC
-                pw = N - n0 if N - n0 < GEMM_TAIL_NC else GEMM_TAIL_NC
+            n0 = _gemm_panel_start(p, N)
+            pw = _gemm_panel_width(n0, N)
             nstr = (pw + CYF_NR - 1) // CYF_NR
             _pack_panel(pack, W, K, N, n0, pw)
             for tt in range((T + CYF_MR - 1) // CYF_MR):
@@ -226,9 +240,7 @@ cdef void _gemm_q(float* out, const float* x, Wt W, const float* b,
     cdef float* d = scratch + _lines(T * nblk * CYF_QB)
     cdef int* bsum = <int*>(d + _lines(T * nblk * 4))
     cdef float* per = <float*>(bsum) + _lines(T * nblk * 4)
-    cdef Py_ssize_t tail0 = _gemm_tail_start(N)
-    cdef Py_ssize_t nwide = tail0 // GEMM_NC
-    cdef Py_ssize_t nitems = nwide + (N - tail0 + GEMM_TAIL_NC - 1) // GEMM_TAIL_NC
+    cdef Py_ssize_t nitems = _gemm_nitems(N)
     cdef Py_ssize_t t, p, n0, pw, nstr, si, ns0, nw, tt, t0, r
     cdef int rows
     cdef unsigned char* panel
@@ -240,17 +252,10 @@ cdef void _gemm_q(float* out, const float* x, Wt W, const float* b,
         panel = <unsigned char*>(per + threadid() * _qgemm_thread_scratch(K))
         tile = per + threadid() * _qgemm_thread_scratch(K) + _lines(GEMM_NC // CYF_QNR * sb)
         for p in prange(nitems, schedule="dynamic", chunksize=1):
-            if p < nwide:
-                n0 = p * GEMM_NC
-                pw = GEMM_NC
-            else:
-                n0 = tail0 + (p - nwide) * GEMM_TAIL_NC
-                pw = N - n0 if N - n0 < GEMM_TAIL_NC else GEMM_TAIL_NC
+            n0 = _gemm_panel_start(p, N)
+            pw = _gemm_panel_width(n0, N)
             nstr = (pw + CYF_QNR - 1) // CYF_QNR
-            if W.t:
-                g.pack_t(panel, &W, K, N, n0, pw)
-            else:
-                g.pack(panel, &W, K, N, n0, pw)
+            g.pack_t(panel, &W, K, N, n0, pw)
             for tt in range((T + CYF_QMR - 1) // CYF_QMR):
                 t0 = tt * CYF_QMR
                 rows = <int>(T - t0 if T - t0 < CYF_QMR else CYF_QMR)
@@ -278,9 +283,7 @@ cdef void _gemm_b(float* out, const float* x, Wt W, const float* b,
     cdef Py_ssize_t sw = cyf_bstrip_words(K)
     cdef unsigned int* xp = <unsigned int*>scratch
     cdef float* per = scratch + _bgemm_rows_scratch(T, K)
-    cdef Py_ssize_t tail0 = _gemm_tail_start(N)
-    cdef Py_ssize_t nwide = tail0 // GEMM_NC
-    cdef Py_ssize_t nitems = nwide + (N - tail0 + GEMM_TAIL_NC - 1) // GEMM_TAIL_NC
+    cdef Py_ssize_t nitems = _gemm_nitems(N)
     cdef Py_ssize_t t, p, n0, pw, nstr, si, ns0, nw, tt, t0, r
     cdef int rows
     cdef unsigned int* panel
@@ -292,17 +295,10 @@ cdef void _gemm_b(float* out, const float* x, Wt W, const float* b,
         panel = <unsigned int*>(per + threadid() * _bgemm_thread_scratch(K))
         tile = per + threadid() * _bgemm_thread_scratch(K) + _lines(GEMM_NC // CYF_BNR * sw * 4)
         for p in prange(nitems, schedule="dynamic", chunksize=1):
-            if p < nwide:
-                n0 = p * GEMM_NC
-                pw = GEMM_NC
-            else:
-                n0 = tail0 + (p - nwide) * GEMM_TAIL_NC
-                pw = N - n0 if N - n0 < GEMM_TAIL_NC else GEMM_TAIL_NC
+            n0 = _gemm_panel_start(p, N)
+            pw = _gemm_panel_width(n0, N)
             nstr = (pw + CYF_BNR - 1) // CYF_BNR
-            if W.t:
-                g.pack_t(panel, &W, K, N, n0, pw)
-            else:
-                g.pack(panel, &W, K, N, n0, pw)
+            g.pack_t(panel, &W, K, N, n0, pw)
             for tt in range((T + CYF_BMR - 1) // CYF_BMR):
                 t0 = tt * CYF_BMR
                 rows = <int>(T - t0 if T - t0 < CYF_BMR else CYF_BMR)
@@ -733,9 +729,9 @@ def prefill_gemm(fmt, transposed=False):
     rec = _formats.format_of("prefill_gemm", fmt)
     cdef const cyf_format* f = cyf_format_at(rec.code)
     cdef bint t = transposed or rec.rows_out
-    if f.qgemm != NULL and (f.qgemm.pack_t != NULL if t else f.qgemm.pack != NULL):
+    if f.qgemm != NULL and t:
         return "int8"
-    if f.bgemm != NULL and (f.bgemm.pack_t != NULL if t else f.bgemm.pack != NULL):
+    if f.bgemm != NULL and t:
         return "bfloat16"
     return "float32"
 

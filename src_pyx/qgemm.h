@@ -34,18 +34,15 @@ static inline ptrdiff_t cyf_qstrip_bytes(ptrdiff_t K)
 }
 
 typedef struct cyf_qgemm {
-    /* columns n0 .. n0+pw-1 of W [K, N] into ceil(pw / CYF_QNR) strips of
-     * cyf_qstrip_bytes(K) each, one after another; NULL: such a matrix
-     * takes the float32 GEMM (every format here is [N, K] today) */
-    void (*pack)(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw);
     /* c[r * CYF_QNR + j] = row r of the quantized x times output j of the
      * strip, r < rows <= CYF_QMR (before the format's out_scale): codes q
      * [rows][nblk * CYF_QB], d and bsum [rows][nblk] (cyf_q8_rows_gemm),
      * bpp blocks per partial sum */
     void (*tile)(float *c, const signed char *q, const float *d, const int *bsum, int rows,
                  const unsigned char *strip, ptrdiff_t nblk, int bpp);
-    /* pack for W [N, K] (a row per output: the unembedding), or NULL: such
-     * a matrix takes the float32 GEMM */
+    /* outputs n0 .. n0+pw-1 of W [N, K] (every format with a qgemm stores a
+     * row per output) into ceil(pw / CYF_QNR) strips of cyf_qstrip_bytes(K)
+     * each, one after another */
     void (*pack_t)(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw);
 } cyf_qgemm;
 
@@ -220,8 +217,8 @@ static void cyf_i4_qtile_generic(float *c, const signed char *q, const float *d,
     cyf_qtile_generic_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
 }
 
-static const cyf_qgemm cyf_i8_qgemm_generic = {NULL, cyf_i8_qtile_generic, cyf_i8_qpack_t};
-static const cyf_qgemm cyf_i4_qgemm_generic = {NULL, cyf_i4_qtile_generic, cyf_i4_qpack_t};
+static const cyf_qgemm cyf_i8_qgemm_generic = {cyf_i8_qtile_generic, cyf_i8_qpack_t};
+static const cyf_qgemm cyf_i4_qgemm_generic = {cyf_i4_qtile_generic, cyf_i4_qpack_t};
 
 #if CYF_HAVE_VNNI_KERNELS
 /* The tile with vpdpbusd: per 4 inputs, 2 vectors of packed codes against a
@@ -342,11 +339,11 @@ static void cyf_i8_qpack_t_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t
     }
 }
 
-static const cyf_qgemm cyf_i8_qgemm_vnni = {NULL, cyf_i8_qtile_vnni, cyf_i8_qpack_t_vnni};
-static const cyf_qgemm cyf_i4_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_i4_qpack_t};
+static const cyf_qgemm cyf_i8_qgemm_vnni = {cyf_i8_qtile_vnni, cyf_i8_qpack_t_vnni};
+static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_i4_qpack_t};
 /* GGUF's records: int4's grouped tile (their codes fit it); always [N, K] */
-static const cyf_qgemm cyf_q80_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_q80_qpack_t};
-static const cyf_qgemm cyf_q40_qgemm_vnni = {NULL, cyf_i4_qtile_vnni, cyf_q40_qpack_t};
+static const cyf_qgemm cyf_q80_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q80_qpack_t};
+static const cyf_qgemm cyf_q40_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q40_qpack_t};
 #endif
 
 #if CYF_HAVE_AVX2_KERNELS
@@ -443,10 +440,10 @@ static void cyf_i4_qtile_avx2(float *c, const signed char *q, const float *d, co
     cyf_qtile_avx2_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
 }
 
-static const cyf_qgemm cyf_i8_qgemm_avx2 = {NULL, cyf_i8_qtile_avx2, cyf_i8_qpack_t};
-static const cyf_qgemm cyf_i4_qgemm_avx2 = {NULL, cyf_i4_qtile_avx2, cyf_i4_qpack_t};
+static const cyf_qgemm cyf_i8_qgemm_avx2 = {cyf_i8_qtile_avx2, cyf_i8_qpack_t};
+static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_i4_qpack_t};
 /* q4_0's codes fit int4's 16-bit block sums; q8_0's do not (|w| up to 127) */
-static const cyf_qgemm cyf_q40_qgemm_avx2 = {NULL, cyf_i4_qtile_avx2, cyf_q40_qpack_t};
+static const cyf_qgemm cyf_q40_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_q40_qpack_t};
 #endif
 
 #endif
