@@ -22,7 +22,6 @@ row per output.  A shape is KxN (inputs x outputs).
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 
@@ -66,17 +65,6 @@ def measure(checkout, layout, shape, threads, nmat, passes):
     return res["bytes"] / res["seconds"] / 1e9
 
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layouts", default="int4:kn,int4:nk")
@@ -100,7 +88,10 @@ def main(argv=None):
             c, lay, s, th = k
             got[k].append(measure(where[c], lay, s, th, args.matrices, args.passes))
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    print(f"# matrix-vector product from DRAM ({cpu_name()}; {args.matrices} matrices a pass, "
+    sys.path.insert(0, HERE)
+    from run import cpu_model
+
+    print(f"# matrix-vector product from DRAM ({cpu_model()}; {args.matrices} matrices a pass, "
           f"median of {args.passes} passes per process, {args.rounds} rounds)\n")
     print("| shape KxN | threads | layout | " + " | ".join(f"{c} GB/s" for c, _ in checkouts) + " |")
     print("|---|---|---|" + "---|" * len(checkouts))
