@@ -167,19 +167,23 @@ static inline void cyf_gemv_rows(const float *x, const float *W, ptrdiff_t ldw,
 #define CYF_RB 4
 #endif
 
-/* out_r[j] = sum_k x_r[k] W[k, j], j < 2 * CYF_VW, for NR (a constant once
- * inlined) rows: k-ordered multiply-adds from zero, as cyf_gemv_rows. */
+/* Rows of W per pass of cyf_gemv_rows_b's tiles along a block's columns. */
+#define CYF_KG 16
+
+/* out_r[j] (+)= sum_{k0 <= k < k0 + kn} x_r[k] W[k, j], j < 2 * CYF_VW, for NR
+ * (a constant once inlined) rows: k-ordered multiply-adds continuing the
+ * chain left in out (from zero when k0 = 0), as cyf_gemv_rows. */
 static inline __attribute__((always_inline)) void
 cyf_rows_tile(const float *x, ptrdiff_t ldx, const int NR, const float *W, ptrdiff_t ldw,
-              ptrdiff_t K, float *out, ptrdiff_t ldo)
+              ptrdiff_t k0, ptrdiff_t kn, float *out, ptrdiff_t ldo)
 {
     cyf_vt a0[CYF_RB], a1[CYF_RB];
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
-        a0[r] = (cyf_vt){0};
-        a1[r] = (cyf_vt){0};
+        a0[r] = k0 ? cyf_load_t(out + r * ldo) : (cyf_vt){0};
+        a1[r] = k0 ? cyf_load_t(out + r * ldo + CYF_VW) : (cyf_vt){0};
     }
-    for (ptrdiff_t k = 0; k < K; k++) {
+    for (ptrdiff_t k = k0; k < k0 + kn; k++) {
         const cyf_vt w0 = cyf_load_t(W + k * ldw);
         const cyf_vt w1 = cyf_load_t(W + k * ldw + CYF_VW);
 #pragma GCC unroll 8
@@ -200,12 +204,12 @@ cyf_rows_tile(const float *x, ptrdiff_t ldx, const int NR, const float *W, ptrdi
  * loop over k is outermost: as an inner loop it would be a reduction, which
  * gcc vectorizes as separate multiplies and in-order adds, unfused. */
 static inline void cyf_rows_col(const float *x, ptrdiff_t ldx, int nr, const float *W, ptrdiff_t ldw,
-                                ptrdiff_t K, float *out, ptrdiff_t ldo)
+                                ptrdiff_t k0, ptrdiff_t kn, float *out, ptrdiff_t ldo)
 {
     float a[CYF_RB];
     for (int r = 0; r < nr; r++)
-        a[r] = 0.0f;
-    for (ptrdiff_t k = 0; k < K; k++) {
+        a[r] = k0 ? out[r * ldo] : 0.0f;
+    for (ptrdiff_t k = k0; k < k0 + kn; k++) {
         const float w = W[k * ldw];
         for (int r = 0; r < nr; r++)
             a[r] += x[r * ldx + k] * w;
@@ -219,34 +223,42 @@ static inline void cyf_rows_col(const float *x, ptrdiff_t ldx, int nr, const flo
 static inline void cyf_gemv_rows_b(const float *x, ptrdiff_t ldx, int nr, const float *W, ptrdiff_t ldw,
                                    ptrdiff_t K, ptrdiff_t n, float *out, ptrdiff_t ldo)
 {
-    /* The tiles walk down the block's rows a strip at a time, dozens of
-     * strided streams that the hardware prefetchers follow badly; asking
-     * for the block row by row first (into L2) made 8 and 16 rows 1.2x and
-     * 1.5x faster on one core (GPT-2's 768 x 2304, AMD EPYC). */
-    for (ptrdiff_t k = 0; k < K; k++)
-        for (ptrdiff_t j = 0; j < n; j += 16)
-            __builtin_prefetch(W + k * ldw + j, 0, 2);
-    for (int r0 = 0; r0 < nr; r0 += CYF_RB) {
-        const int m = nr - r0 < CYF_RB ? nr - r0 : CYF_RB;
-        const float *xr = x + r0 * ldx;
-        float *o = out + r0 * ldo;
+    /* The tiles take CYF_KG rows of W at a time and walk along them, so W
+     * is read as a few contiguous streams that the hardware prefetchers
+     * follow; the partial sums wait in out between passes.  Walking each
+     * strip down all the rows instead (dozens of strided streams, even with
+     * the block prefetched first) left the tiles waiting on W. */
+    if (K <= 0) {
+        for (int r = 0; r < nr; r++)
+            for (ptrdiff_t j = 0; j < n; j++)
+                out[r * ldo + j] = 0.0f;
+        return;
+    }
+    for (ptrdiff_t k0 = 0; k0 < K; k0 += CYF_KG) {
+        const ptrdiff_t kn = K - k0 < CYF_KG ? K - k0 : CYF_KG;
         ptrdiff_t j = 0;
-        for (; j + CYF_NR <= n; j += CYF_NR) {
-            switch (m) {  /* a constant row count, so each case keeps its tile in registers */
+        for (; j + CYF_NR <= n; j += CYF_NR)
+            for (int r0 = 0; r0 < nr; r0 += CYF_RB) {  /* the strip's lines serve every row from L1 */
+                const int m = nr - r0 < CYF_RB ? nr - r0 : CYF_RB;
+                const float *xr = x + r0 * ldx;
+                float *o = out + r0 * ldo + j;
+                switch (m) {  /* a constant row count, so each case keeps its tile in registers */
 #if CYF_RB > 4
-            case 8: cyf_rows_tile(xr, ldx, 8, W + j, ldw, K, o + j, ldo); break;
-            case 7: cyf_rows_tile(xr, ldx, 7, W + j, ldw, K, o + j, ldo); break;
-            case 6: cyf_rows_tile(xr, ldx, 6, W + j, ldw, K, o + j, ldo); break;
-            case 5: cyf_rows_tile(xr, ldx, 5, W + j, ldw, K, o + j, ldo); break;
+                case 8: cyf_rows_tile(xr, ldx, 8, W + j, ldw, k0, kn, o, ldo); break;
+                case 7: cyf_rows_tile(xr, ldx, 7, W + j, ldw, k0, kn, o, ldo); break;
+                case 6: cyf_rows_tile(xr, ldx, 6, W + j, ldw, k0, kn, o, ldo); break;
+                case 5: cyf_rows_tile(xr, ldx, 5, W + j, ldw, k0, kn, o, ldo); break;
 #endif
-            case 4: cyf_rows_tile(xr, ldx, 4, W + j, ldw, K, o + j, ldo); break;
-            case 3: cyf_rows_tile(xr, ldx, 3, W + j, ldw, K, o + j, ldo); break;
-            case 2: cyf_rows_tile(xr, ldx, 2, W + j, ldw, K, o + j, ldo); break;
-            default: cyf_rows_tile(xr, ldx, 1, W + j, ldw, K, o + j, ldo); break;
+                case 4: cyf_rows_tile(xr, ldx, 4, W + j, ldw, k0, kn, o, ldo); break;
+                case 3: cyf_rows_tile(xr, ldx, 3, W + j, ldw, k0, kn, o, ldo); break;
+                case 2: cyf_rows_tile(xr, ldx, 2, W + j, ldw, k0, kn, o, ldo); break;
+                default: cyf_rows_tile(xr, ldx, 1, W + j, ldw, k0, kn, o, ldo); break;
+                }
             }
-        }
         for (; j < n; j++)
-            cyf_rows_col(xr, ldx, m, W + j, ldw, K, o + j, ldo);
+            for (int r0 = 0; r0 < nr; r0 += CYF_RB)
+                cyf_rows_col(x + r0 * ldx, ldx, nr - r0 < CYF_RB ? nr - r0 : CYF_RB, W + j, ldw, k0, kn,
+                             out + r0 * ldo + j, ldo);
     }
 }
 

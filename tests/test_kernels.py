@@ -68,6 +68,22 @@ def test_linear_rows_do_not_depend_on_how_many_from_4(rng, threads, K, N):
         assert np.array_equal(part, whole[t0:t1]), (t0, t1)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("K,N", [(1, 40), (33, 70), (200, 129), (130, 2100), (768, 300)])
+def test_batched_step_rows_are_each_row_alone(rng, threads, K, N):
+    """The batched decode step's float32 product (matvec_rows: the register
+    tile from GEMV_TILE_ROWS rows on, passes of a few rows of W carrying the
+    sums in memory) gives every row of x the bits of that row alone, for any
+    number of rows, ragged K and column tails included."""
+    x, W = f32(rng, 19, K), f32(rng, K, N)
+    x[3] *= 1e-20  # a row far from the others' scale
+    alone = np.concatenate([linalg.matvec_rows(x[r:r + 1], W, threads=threads) for r in range(19)])
+    for B in (2, 6, 8, 9, 16, 19):
+        got = linalg.matvec_rows(x[:B], W, threads=threads)
+        np.testing.assert_array_equal(got.view(np.uint32), alone[:B].view(np.uint32), err_msg=f"B={B}")
+    assert_sum_close(alone, x.astype(np.float64) @ W, np.abs(x) @ np.abs(W), K)
+
+
 @pytest.mark.parametrize("act", ["gelu_new", "gelu"])
 @pytest.mark.parametrize("T", [1, 9])
 def test_linear_fused_gelu(rng, act, T):
