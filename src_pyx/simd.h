@@ -305,10 +305,10 @@ static inline float cyf_lanes_sum(cyf_v8f s0, cyf_v8f s1, const float *x, const 
     return cyf_tree16(lanes);
 }
 
-/* cyf_dot(x_r, w_c, n) for nr rows of x (ldx apart) against NW (1 or 2, a
- * constant once inlined) rows w_c (ldw apart): out[c + r * ldo], each over
- * cyf_dot's 16 lanes and tree.  Four rows of x at a time: with two rows of
- * w that is 16 accumulators and 12 loads per 16 multiply-adds. */
+/* cyf_dot(x_r, w_c, n) for nr rows of x (ldx apart) against NW (a constant
+ * once inlined) rows w_c (ldw apart): out[c + r * ldo], each over cyf_dot's
+ * 16 lanes and tree, four rows of x at a time.  AVX2's 16 registers take
+ * one row of w (8 accumulators); AVX-512 runs cyf_dot_tile16. */
 static inline __attribute__((always_inline)) void
 cyf_dot_tile(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ldw, const int NW,
              ptrdiff_t n, float *out, ptrdiff_t ldo)
@@ -339,16 +339,71 @@ cyf_dot_tile(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ld
 
 /* cyf_dot(x_r, w_c, n) for nr rows of x against nw rows of w:
  * out[c + r * ldo]. */
+#if CYF_VW == 16
+/* cyf_dot_tile with each dot product's 16 lanes in one AVX-512 register
+ * (lane l: inputs i = l mod 16, as s0 / s1's lanes 0-7 / 8-15) and NW (a
+ * constant once inlined, up to 4) rows of w against 4 rows of x: 16
+ * accumulators and 8 loads per 16 multiply-adds, so the rows of x, which a
+ * batch of 8 or 16 no longer keeps in L1, are read half as often.  Same
+ * products, lanes and tree: the same bits. */
+static inline __attribute__((always_inline)) void
+cyf_dot_tile16(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ldw, const int NW,
+               ptrdiff_t n, float *out, ptrdiff_t ldo)
+{
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int m = nr - r0 < 4 ? nr - r0 : 4;
+        const float *xr = x + r0 * ldx;
+        cyf_vt s[4][4];
+#pragma GCC unroll 4
+        for (int c = 0; c < NW; c++)
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                s[c][r] = (cyf_vt){0};
+        ptrdiff_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            cyf_vt wv[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < NW; c++)
+                wv[c] = cyf_load_t(w + c * ldw + i);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                if (r < m) {
+                    const cyf_vt xv = cyf_load_t(xr + r * ldx + i);
+#pragma GCC unroll 4
+                    for (int c = 0; c < NW; c++)
+                        s[c][r] += xv * wv[c];
+                }
+            }
+        }
+        for (int c = 0; c < NW; c++)
+            for (int r = 0; r < m; r++) {
+                float lanes[16];
+                cyf_store_t(lanes, s[c][r]);
+                const float *xa = xr + r * ldx, *wa = w + c * ldw;
+                for (ptrdiff_t t = i, j = 0; t < n; t++, j++)
+                    lanes[j] += xa[t] * wa[t];
+                out[c + (r0 + r) * ldo] = cyf_tree16(lanes);
+            }
+    }
+}
+#endif
+
 static inline void cyf_dot_rows(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ldw,
                                 int nw, ptrdiff_t n, float *out, ptrdiff_t ldo)
 {
     int c = 0;
-#if CYF_RB > 4  /* two rows of w need AVX-512's 32 registers */
-    for (; c + 2 <= nw; c += 2)
-        cyf_dot_tile(x, ldx, nr, w + c * ldw, ldw, 2, n, out + c, ldo);
-#endif
+#if CYF_VW == 16
+    for (; c + 4 <= nw; c += 4)
+        cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 4, n, out + c, ldo);
+    switch (nw - c) {
+    case 3: cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 3, n, out + c, ldo); break;
+    case 2: cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 2, n, out + c, ldo); break;
+    case 1: cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 1, n, out + c, ldo); break;
+    }
+#else
     for (; c < nw; c++)
         cyf_dot_tile(x, ldx, nr, w + c * ldw, ldw, 1, n, out + c, ldo);
+#endif
 }
 
 /* ---- weights in fewer bytes ---------------------------------------------

@@ -70,16 +70,20 @@ def test_linear_rows_do_not_depend_on_how_many_from_4(rng, threads, K, N):
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("K,N", [(1, 40), (33, 70), (200, 129), (130, 2100), (768, 300)])
-def test_batched_step_rows_are_each_row_alone(rng, threads, K, N):
-    """The batched decode step's float32 product (matvec_rows: the register
-    tile from GEMV_TILE_ROWS rows on, passes of a few rows of W carrying the
-    sums in memory) gives every row of x the bits of that row alone, for any
-    number of rows, ragged K and column tails included."""
+@pytest.mark.parametrize("w_t", [False, True], ids=["KN", "NK"])
+def test_batched_step_rows_are_each_row_alone(rng, threads, K, N, w_t):
+    """The batched decode step's float32 product (matvec_rows: from
+    GEMV_TILE_ROWS rows on, for W [K, N] passes of a few rows of W carrying
+    the sums in memory; for W [N, K] tiles of 4 rows of W by 4 of x) gives
+    every row of x the bits of that row alone, for any number of rows,
+    ragged K and N included."""
     x, W = f32(rng, 19, K), f32(rng, K, N)
     x[3] *= 1e-20  # a row far from the others' scale
-    alone = np.concatenate([linalg.matvec_rows(x[r:r + 1], W, threads=threads) for r in range(19)])
-    for B in (2, 6, 8, 9, 16, 19):
-        got = linalg.matvec_rows(x[:B], W, threads=threads)
+    Wl = np.ascontiguousarray(W.T) if w_t else W
+    alone = np.concatenate([linalg.matvec_rows(x[r:r + 1], Wl, w_transposed=w_t, threads=threads)
+                            for r in range(19)])
+    for B in (2, 5, 6, 8, 9, 16, 19):
+        got = linalg.matvec_rows(x[:B], Wl, w_transposed=w_t, threads=threads)
         np.testing.assert_array_equal(got.view(np.uint32), alone[:B].view(np.uint32), err_msg=f"B={B}")
     assert_sum_close(alone, x.astype(np.float64) @ W, np.abs(x) @ np.abs(W), K)
 
