@@ -306,81 +306,83 @@ static void cyf_i4_qtile_vnni(float *c, const signed char *q, const float *d, co
     cyf_qtile_vnni_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
 }
 
-/* cyf_i8_qpack_t with AVX-512: 16 rows' 64-byte runs are 16 x 16 dwords
- * (4 inputs of one output each); transposed, each vector is one quad of
- * inputs for the 16 outputs, half a row of the strip.  Outputs past pw and inputs past K load
- * as 0, stored as 128 (w = 0).  The same bytes as the generic packing. */
-__attribute__((target("avx512vnni")))
-static void cyf_i8_qpack_t_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
-                                ptrdiff_t pw)
+/* The packers with AVX-512: 64 inputs of each of 16 rows widen in
+ * registers to 64 codes + 128 (one vector: 16 dwords of 4 inputs of one
+ * output each); transposed (cyf_transpose16_epi32), each vector is one
+ * quad of inputs for the 16 outputs, half a row of the strip.  Inputs past
+ * K and outputs past pw are 128 (w = 0).  The same bytes as the generic
+ * packers, which took 2.5 times as long as the GEMM's tiles (int4, batches
+ * of 32-token prompts).  kind: what a row holds. */
+enum { CYF_PACK_I8, CYF_PACK_I4, CYF_PACK_Q80, CYF_PACK_Q40 };
+
+/* 16 codes + 128 of a q4_0 record's 16 nibble bytes: low nibbles, then high */
+__attribute__((target("avx512vnni"), always_inline))
+static inline __m256i cyf_q40_codes_(const unsigned char *w)
 {
-    (void)N;
-    const ptrdiff_t sb = cyf_qstrip_bytes(K), nstr = (pw + CYF_QNR - 1) / CYF_QNR;
-    const ptrdiff_t Kp = (K + CYF_QB - 1) / CYF_QB * CYF_QB;
-    const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
-    for (ptrdiff_t s = 0; s < nstr; s++) {
-        unsigned char *strip = panel + s * sb;
-        memset(strip + Kp * CYF_QNR, 0, (size_t)(sb - Kp * CYF_QNR));  /* int4's scales: unused */
-        for (int h = 0; h < 2; h++) {
-            const ptrdiff_t j0 = s * CYF_QNR + h * 16;
-            for (ptrdiff_t k0 = 0; k0 < Kp; k0 += 64) {
-                const ptrdiff_t kn = K - k0 >= 64 ? 64 : K - k0 > 0 ? K - k0 : 0;
-                const __mmask64 m = kn == 64 ? ~(__mmask64)0 : ((__mmask64)1 << kn) - 1;
-                __m512i v[16];
-                for (int r = 0; r < 16; r++)
-                    v[r] = j0 + r < pw && kn ? _mm512_maskz_loadu_epi8(m, (const signed char *)W->data
-                                                                          + (n0 + j0 + r) * W->ld + k0)
-                                             : zero;
-                cyf_transpose16_epi32(v);  /* v[i]: input quad k0 / 4 + i of the 16 outputs */
-                for (int i = 0; i < 16 && k0 + 4 * i < Kp; i++)
-                    _mm512_storeu_si512(strip + (k0 / 4 + i) * (4 * CYF_QNR) + h * 64, _mm512_xor_si512(v[i], flip));
-            }
-        }
-    }
+    const __m128i v = _mm_loadu_si128((const __m128i *)w), nib = _mm_set1_epi8(15), bias = _mm_set1_epi8(120);
+    return _mm256_set_m128i(_mm_add_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), nib), bias),
+                            _mm_add_epi8(_mm_and_si128(v, nib), bias));
 }
 
-/* cyf_i4_qpack_t with AVX-512: 32 bytes of each of 16 rows (64 inputs)
- * widen to 64 codes + 128 (nibble + 120, low nibble first), then as
- * cyf_i8_qpack_t_vnni.  Inputs past K and outputs past pw are 128 (w = 0);
- * the group scales go beside one by one.  The same bytes as the generic
- * packing, which took 2.5 times as long as the GEMM's tiles on 32-token
- * prompts. */
-__attribute__((target("avx512vnni")))
-static void cyf_i4_qpack_t_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0,
-                                ptrdiff_t pw)
+__attribute__((target("avx512vnni"), always_inline))
+static inline __m512i cyf_qpack_codes_(const unsigned char *row, ptrdiff_t k0, ptrdiff_t K, int kind)
 {
-    (void)N;
+    const ptrdiff_t kn = K - k0 >= 64 ? 64 : K - k0;
+    const __mmask64 m = kn == 64 ? ~(__mmask64)0 : ((__mmask64)1 << kn) - 1;
+    const __m512i wzero = _mm512_set1_epi8((char)128);
+    __m512i v;
+    if (kind == CYF_PACK_I8) {
+        v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, row + k0), wzero);
+    } else if (kind == CYF_PACK_I4) {  /* byte p: input 2p low, 2p + 1 high */
+        const ptrdiff_t bn = (kn + 1) / 2;
+        const __mmask32 mb = bn == 32 ? ~(__mmask32)0 : ((__mmask32)1 << bn) - 1;
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mb, row + k0 / 2));  /* word p: byte p */
+        const __m512i nib = _mm512_or_si512(_mm512_and_si512(w, _mm512_set1_epi16(0x000F)),
+                                            _mm512_and_si512(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x0F00)));
+        v = _mm512_add_epi8(nib, _mm512_set1_epi8(120));
+    } else {  /* GGUF's records (K a multiple of 32): records k0 / 32 and, if in K, the next */
+        const ptrdiff_t rec = kind == CYF_PACK_Q80 ? CYF_Q80_REC : CYF_Q40_REC;
+        const unsigned char *r0 = row + k0 / CYF_QB * rec + 2, *r1 = r0 + rec;
+        __m256i c0, c1 = _mm256_setzero_si256();
+        if (kind == CYF_PACK_Q80) {
+            c0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)r0), _mm256_set1_epi8((char)128));
+            if (kn == 64)
+                c1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)r1), _mm256_set1_epi8((char)128));
+        } else {
+            c0 = cyf_q40_codes_(r0);
+            if (kn == 64)
+                c1 = cyf_q40_codes_(r1);
+        }
+        v = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+    }
+    return _mm512_mask_mov_epi8(wzero, m, v);
+}
+
+__attribute__((target("avx512vnni"), always_inline))
+static inline void cyf_qpack_t_vnni_(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t n0, ptrdiff_t pw,
+                                     int kind)
+{
     const ptrdiff_t sb = cyf_qstrip_bytes(K), nstr = (pw + CYF_QNR - 1) / CYF_QNR;
-    const ptrdiff_t nblk = (K + CYF_QB - 1) / CYF_QB, Kp = nblk * CYF_QB, nbytes = (K + 1) / 2;
-    const __m512i lo = _mm512_set1_epi16(0x000F), hi = _mm512_set1_epi16(0x0F00);
-    const __m512i bias = _mm512_set1_epi8(120), wzero = _mm512_set1_epi8((char)128);
+    const ptrdiff_t nblk = (K + CYF_QB - 1) / CYF_QB, Kp = nblk * CYF_QB;
     for (ptrdiff_t s = 0; s < nstr; s++) {
         unsigned char *strip = panel + s * sb;
-        float *scales = (float *)(strip + Kp * CYF_QNR);
+        float *scales = (float *)(strip + Kp * CYF_QNR);  /* int8: unused */
         memset(scales, 0, (size_t)(sb - Kp * CYF_QNR));
-        for (ptrdiff_t j = s * CYF_QNR; j < pw && j < (s + 1) * CYF_QNR; j++)
+        for (ptrdiff_t j = s * CYF_QNR; kind != CYF_PACK_I8 && j < pw && j < (s + 1) * CYF_QNR; j++) {
+            const unsigned char *row = (const unsigned char *)W->data + (n0 + j) * W->ld;
             for (ptrdiff_t b = 0; b < nblk; b++)
-                scales[b * CYF_QNR + j % CYF_QNR] = W->scale[(n0 + j) * nblk + b];
+                scales[b * CYF_QNR + j % CYF_QNR] =
+                    kind == CYF_PACK_I4 ? W->scale[(n0 + j) * nblk + b]
+                                        : cyf_half(row + b * (kind == CYF_PACK_Q80 ? CYF_Q80_REC : CYF_Q40_REC));
+        }
         for (int h = 0; h < 2; h++) {
             const ptrdiff_t j0 = s * CYF_QNR + h * 16;
             for (ptrdiff_t k0 = 0; k0 < Kp; k0 += 64) {
-                const ptrdiff_t kn = K - k0 >= 64 ? 64 : K - k0 > 0 ? K - k0 : 0;
-                const ptrdiff_t bn = nbytes - k0 / 2 >= 32 ? 32 : nbytes - k0 / 2 > 0 ? nbytes - k0 / 2 : 0;
-                const __mmask64 m = kn == 64 ? ~(__mmask64)0 : ((__mmask64)1 << kn) - 1;
-                const __mmask32 mb = bn == 32 ? ~(__mmask32)0 : ((__mmask32)1 << bn) - 1;
                 __m512i v[16];
-                for (int r = 0; r < 16; r++) {
-                    if (j0 + r < pw && kn) {
-                        const __m256i bytes = _mm256_maskz_loadu_epi8(mb, (const unsigned char *)W->data
-                                                                          + (n0 + j0 + r) * W->ld + k0 / 2);
-                        const __m512i w = _mm512_cvtepu8_epi16(bytes);  /* word p: byte p */
-                        const __m512i nib = _mm512_or_si512(_mm512_and_si512(w, lo),
-                                                            _mm512_and_si512(_mm512_slli_epi16(w, 4), hi));
-                        v[r] = _mm512_mask_mov_epi8(wzero, m, _mm512_add_epi8(nib, bias));
-                    } else {
-                        v[r] = wzero;
-                    }
-                }
+                for (int r = 0; r < 16; r++)
+                    v[r] = j0 + r < pw && k0 < K
+                               ? cyf_qpack_codes_((const unsigned char *)W->data + (n0 + j0 + r) * W->ld, k0, K, kind)
+                               : _mm512_set1_epi8((char)128);
                 cyf_transpose16_epi32(v);  /* v[i]: input quad k0 / 4 + i of the 16 outputs */
                 for (int i = 0; i < 16 && k0 + 4 * i < Kp; i++)
                     _mm512_storeu_si512(strip + (k0 / 4 + i) * (4 * CYF_QNR) + h * 64, v[i]);
@@ -389,11 +391,24 @@ static void cyf_i4_qpack_t_vnni(unsigned char *panel, const cyf_wt *W, ptrdiff_t
     }
 }
 
+#define CYF_QPACK_VNNI(NAME, KIND)                                                                          \
+__attribute__((target("avx512vnni")))                                                                       \
+static void NAME(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw) \
+{                                                                                                           \
+    (void)N;                                                                                                \
+    cyf_qpack_t_vnni_(panel, W, K, n0, pw, KIND);                                                           \
+}
+CYF_QPACK_VNNI(cyf_i8_qpack_t_vnni, CYF_PACK_I8)
+CYF_QPACK_VNNI(cyf_i4_qpack_t_vnni, CYF_PACK_I4)
+CYF_QPACK_VNNI(cyf_q80_qpack_t_vnni, CYF_PACK_Q80)
+CYF_QPACK_VNNI(cyf_q40_qpack_t_vnni, CYF_PACK_Q40)
+#undef CYF_QPACK_VNNI
+
 static const cyf_qgemm cyf_i8_qgemm_vnni = {cyf_i8_qtile_vnni, cyf_i8_qpack_t_vnni};
 static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_i4_qpack_t_vnni};
 /* GGUF's records: int4's grouped tile (their codes fit it); always [N, K] */
-static const cyf_qgemm cyf_q80_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q80_qpack_t};
-static const cyf_qgemm cyf_q40_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q40_qpack_t};
+static const cyf_qgemm cyf_q80_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q80_qpack_t_vnni};
+static const cyf_qgemm cyf_q40_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q40_qpack_t_vnni};
 #endif
 
 #if CYF_HAVE_AVX2_KERNELS
