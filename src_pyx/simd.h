@@ -337,8 +337,6 @@ cyf_dot_tile(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ld
     }
 }
 
-/* cyf_dot(x_r, w_c, n) for nr rows of x against nw rows of w:
- * out[c + r * ldo]. */
 #if CYF_VW == 16
 /* cyf_dot_tile with each dot product's 16 lanes in one AVX-512 register
  * (lane l: inputs i = l mod 16, as s0 / s1's lanes 0-7 / 8-15) and NW (a
@@ -388,6 +386,8 @@ cyf_dot_tile16(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t 
 }
 #endif
 
+/* cyf_dot(x_r, w_c, n) for nr rows of x against nw rows of w:
+ * out[c + r * ldo]. */
 static inline void cyf_dot_rows(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ldw,
                                 int nw, ptrdiff_t n, float *out, ptrdiff_t ldo)
 {
