@@ -42,7 +42,8 @@ typedef struct cyf_format {
      * NULL: the caller runs gemv_block per row. */
     void (*gemv_block_rows)(float *partial, ptrdiff_t ldp, const float *x, ptrdiff_t ldx, int nr,
                             const cyf_wt *W, ptrdiff_t k0, ptrdiff_t kb, ptrdiff_t c0, ptrdiff_t cw);
-    /* acc[j] = x . row a + j of W [N, K], j < nw (before out_scale) */
+    /* acc[j] = x . row a + j of W [N, K], j < nw (before out_scale); NULL
+     * where the row has prep (linalg then runs dot_tp_rows only) */
     void (*dot_t)(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K);
     /* dot_t for nr rows of x (ldx apart): acc[c + r * nw]; NULL: dot_t per row */
     void (*dot_t_rows)(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
@@ -58,8 +59,8 @@ typedef struct cyf_format {
     /* x prepared once per product for W [N, K] (int8: its codes, lane scales
      * and corrections): prep_bytes(K) bytes a row of x, a multiple of 64 and
      * at most CYF_PREP_FLOATS(K) floats; dot_tp_rows is dot_t_rows on
-     * prepared rows ldxp bytes apart.  NULL: linalg calls dot_t / dot_t_rows,
-     * which prepare x themselves on every call. */
+     * prepared rows ldxp bytes apart.  NULL: linalg calls dot_t / dot_t_rows
+     * on the float rows of x. */
     ptrdiff_t (*prep_bytes)(ptrdiff_t K);
     void (*prep)(void *xp, const float *x, ptrdiff_t K);
     void (*dot_tp_rows)(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W, ptrdiff_t a,
@@ -285,25 +286,6 @@ static void cyf_i8q_dot_tp_rows_generic(float *acc, const void *xp, ptrdiff_t ld
     }
 }
 
-/* dot_t and dot_t_rows through a prepared copy of x on the stack: for
- * callers without the product's scratch (dot_tp_rows is linalg's path) */
-#define CYF_PREP_WRAPPERS(NAME, PREP_BYTES, PREP, TP_ROWS)                                                 \
-static void NAME##_dot_t(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K) \
-{                                                                                                        \
-    float xp[PREP_BYTES(K) / 4 + 16];                                                                    \
-    PREP(xp, x, K);                                                                                      \
-    TP_ROWS(acc, xp, 0, 1, W, a, nw, K);                                                                 \
-}                                                                                                        \
-static void NAME##_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W,          \
-                              ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)                                    \
-{                                                                                                        \
-    const ptrdiff_t lp = PREP_BYTES(K);                                                                  \
-    float xp[(nr > 0 ? nr : 1) * (lp / 4) + 16];                                                         \
-    for (int r = 0; r < nr; r++)                                                                         \
-        PREP((unsigned char *)xp + r * lp, x + r * ldx, K);                                              \
-    TP_ROWS(acc, xp, lp, nr, W, a, nw, K);                                                               \
-}
-CYF_PREP_WRAPPERS(cyf_i8q_generic, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp_rows_generic)
 
 /* ---- int4 [N, K] (a row per output) times int8 activations ---------------
  * Byte p of a row holds input 2p in its low nibble and 2p + 1 in its high
@@ -420,7 +402,6 @@ static void cyf_i4q_dot_tp_rows_generic(float *acc, const void *xp, ptrdiff_t ld
         }
     }
 }
-CYF_PREP_WRAPPERS(cyf_i4q_generic, cyf_i4q_prep_bytes, cyf_i4q_prep, cyf_i4q_dot_tp_rows_generic)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define CYF_HAVE_VNNI_KERNELS 1
@@ -509,7 +490,6 @@ static void cyf_i8q_dot_tp_rows_vnni(float *acc, const void *xpv, ptrdiff_t ldxp
             }
     }
 }
-CYF_PREP_WRAPPERS(cyf_i8q_vnni, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp_rows_vnni)
 
 /* cyf_q4_row_t in AVX-512, the same bits: cyf_q8_block's float steps per
  * block of 32 (max of |x| is exact in any order, NaN/Inf found by an
@@ -681,7 +661,6 @@ static void cyf_i4q_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp,
 #undef CYF_I4Q_TILE
     }
 }
-CYF_PREP_WRAPPERS(cyf_i4q_vnni, cyf_i4q_prep_bytes, cyf_i4q_prep_vnni, cyf_i4q_dot_tp_rows_vnni)
 #else
 #define CYF_HAVE_VNNI_KERNELS 0
 #endif
@@ -738,7 +717,6 @@ static void cyf_i8q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp,
         }
     }
 }
-CYF_PREP_WRAPPERS(cyf_i8q_avx2, cyf_i8q_prep_bytes, cyf_i8q_prep, cyf_i8q_dot_tp_rows_avx2)
 
 /* int4 [N, K] (a row per output) with AVX2: cyf_i4q_row_dot_t's 16 lanes as
  * two ymm registers per row of x.  vpmaddubsw multiplies the unsigned
@@ -818,7 +796,6 @@ static void cyf_i4q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp,
         }
     }
 }
-CYF_PREP_WRAPPERS(cyf_i4q_avx2, cyf_i4q_prep_bytes, cyf_i4q_prep, cyf_i4q_dot_tp_rows_avx2)
 #else
 #define CYF_HAVE_AVX2_KERNELS 0
 #endif
@@ -943,7 +920,6 @@ static void cyf_bf16dp_dot_tp_rows(float *acc, const void *xpv, ptrdiff_t ldxp, 
         }
     }
 }
-CYF_PREP_WRAPPERS(cyf_bf16dp, cyf_bf16dp_prep_bytes, cyf_bf16dp_prep, cyf_bf16dp_dot_tp_rows)
 #else
 #define CYF_HAVE_BF16DP_KERNELS 0
 #endif
@@ -1332,8 +1308,6 @@ static void cyf_q40_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp,
 {
     cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 1);
 }
-CYF_PREP_WRAPPERS(cyf_q80_vnni, cyf_rec_prep_bytes, cyf_q80_prep, cyf_q80_dot_tp_rows_vnni)
-CYF_PREP_WRAPPERS(cyf_q40_vnni, cyf_rec_prep_bytes, cyf_q40_prep, cyf_q40_dot_tp_rows_vnni)
 #endif
 
 #include "qgemm.h"
@@ -1346,10 +1320,10 @@ static cyf_format cyf_formats[] = {
     /* always [N, K] (rows_out): no [K, N] kernels */
     {"bfloat16", "widened to float32, FMA", 0, 0, NULL, NULL, cyf_bf16_dot_t, NULL, NULL, cyf_bf16_pack_t},
     {"int8", "int8 activations in decode and prefill, generic integer loops", 1, 0, NULL, NULL,
-     cyf_i8q_generic_dot_t, cyf_i8q_generic_dot_t_rows, NULL, cyf_i8_pack_t, NULL, cyf_i8q_prep_bytes, cyf_i8q_prep,
+     NULL, NULL, NULL, cyf_i8_pack_t, NULL, cyf_i8q_prep_bytes, cyf_i8q_prep,
      cyf_i8q_dot_tp_rows_generic},
     {"int4", "int8 activations in decode and prefill, generic integer loops", 0, 0, NULL, NULL,
-     cyf_i4q_generic_dot_t, cyf_i4q_generic_dot_t_rows, NULL, cyf_i4_pack_t, NULL, cyf_i4q_prep_bytes, cyf_i4q_prep,
+     NULL, NULL, NULL, cyf_i4_pack_t, NULL, cyf_i4q_prep_bytes, cyf_i4q_prep,
      cyf_i4q_dot_tp_rows_generic},
     {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t_generic,
      cyf_q80_dot_t_rows, NULL, cyf_q80_pack_t},
@@ -1370,8 +1344,8 @@ static inline int cyf_formats_select_bf16(int features)
     cyf_format *bf = &cyf_formats[1];
     if (CYF_HAVE_BF16DP_KERNELS && (features & 2)) {
 #if CYF_HAVE_BF16DP_KERNELS
-        bf->dot_t = cyf_bf16dp_dot_t;
-        bf->dot_t_rows = cyf_bf16dp_dot_t_rows;
+        bf->dot_t = NULL;
+        bf->dot_t_rows = NULL;
         bf->prep_bytes = cyf_bf16dp_prep_bytes;
         bf->prep = cyf_bf16dp_prep;
         bf->dot_tp_rows = cyf_bf16dp_dot_tp_rows;
@@ -1396,15 +1370,15 @@ static inline void cyf_q80_select(int vnni)
     cyf_format *q80 = &cyf_formats[4], *q40 = &cyf_formats[5];
 #if CYF_HAVE_VNNI_KERNELS
     if (vnni) {
-        q80->dot_t = cyf_q80_vnni_dot_t;
-        q80->dot_t_rows = cyf_q80_vnni_dot_t_rows;
+        q80->dot_t = NULL;
+        q80->dot_t_rows = NULL;
         q80->prep_bytes = cyf_rec_prep_bytes;
         q80->prep = cyf_q80_prep;
         q80->dot_tp_rows = cyf_q80_dot_tp_rows_vnni;
         q80->qgemm = &cyf_q80_qgemm_vnni;
         q80->kernels = "[N, K]: int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
-        q40->dot_t = cyf_q40_vnni_dot_t;
-        q40->dot_t_rows = cyf_q40_vnni_dot_t_rows;
+        q40->dot_t = NULL;
+        q40->dot_t_rows = NULL;
         q40->prep_bytes = cyf_rec_prep_bytes;
         q40->prep = cyf_q40_prep;
         q40->dot_tp_rows = cyf_q40_dot_tp_rows_vnni;
@@ -1440,12 +1414,8 @@ static inline int cyf_formats_select(int features)
     cyf_q80_select(CYF_HAVE_VNNI_KERNELS && (features & 1));
     if (CYF_HAVE_VNNI_KERNELS && (features & 1)) {
 #if CYF_HAVE_VNNI_KERNELS
-        i8->dot_t = cyf_i8q_vnni_dot_t;
-        i8->dot_t_rows = cyf_i8q_vnni_dot_t_rows;
         i8->dot_tp_rows = cyf_i8q_dot_tp_rows_vnni;
         i8->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
-        i4->dot_t = cyf_i4q_vnni_dot_t;
-        i4->dot_t_rows = cyf_i4q_vnni_dot_t_rows;
         i4->prep = cyf_i4q_prep_vnni;
         i4->dot_tp_rows = cyf_i4q_dot_tp_rows_vnni;
         i8->qgemm = &cyf_i8_qgemm_vnni;
@@ -1454,12 +1424,8 @@ static inline int cyf_formats_select(int features)
 #endif
         return bf16 | 1;
     }
-    i8->dot_t = cyf_i8q_generic_dot_t;
-    i8->dot_t_rows = cyf_i8q_generic_dot_t_rows;
     i8->dot_tp_rows = cyf_i8q_dot_tp_rows_generic;
     i8->kernels = "int8 activations in decode and prefill, generic integer loops";
-    i4->dot_t = cyf_i4q_generic_dot_t;
-    i4->dot_t_rows = cyf_i4q_generic_dot_t_rows;
     i4->prep = cyf_i4q_prep;
     i4->dot_tp_rows = cyf_i4q_dot_tp_rows_generic;
     i8->qgemm = &cyf_i8_qgemm_generic;
@@ -1467,13 +1433,9 @@ static inline int cyf_formats_select(int features)
     i4->kernels = "int8 activations in decode and prefill, generic integer loops";
     if (CYF_HAVE_AVX2_KERNELS && (features & 4)) {
 #if CYF_HAVE_AVX2_KERNELS
-        i8->dot_t = cyf_i8q_avx2_dot_t;
-        i8->dot_t_rows = cyf_i8q_avx2_dot_t_rows;
         i8->dot_tp_rows = cyf_i8q_dot_tp_rows_avx2;
         i8->qgemm = &cyf_i8_qgemm_avx2;
         i8->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
-        i4->dot_t = cyf_i4q_avx2_dot_t;
-        i4->dot_t_rows = cyf_i4q_avx2_dot_t_rows;
         i4->dot_tp_rows = cyf_i4q_dot_tp_rows_avx2;
         i4->qgemm = &cyf_i4_qgemm_avx2;
         cyf_formats[5].qgemm = &cyf_q40_qgemm_avx2;
