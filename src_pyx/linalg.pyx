@@ -407,6 +407,7 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
     cdef const float* pb
     cdef unsigned char* xp = NULL
     cdef Py_ssize_t lp = 0
+    cdef bint tile
     if W.t:  # W [N, K]: a range of outputs already is a contiguous run
         # outputs are independent dot products: the split never changes a bit
         pw = (N + GEMV_T_ITEMS * team.size - 1) // (GEMV_T_ITEMS * team.size)
@@ -447,12 +448,8 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
     nitems = nb - ntail + ntail * GEMV_TAIL_PIECES
     pw = (N + GEMV_TAIL_PIECES - 1) // GEMV_TAIL_PIECES
     pw = (pw + 15) // 16 * 16
-    if B == 1:
-        maxw = GEMV_COLS
-    elif B >= GEMV_TILE_ROWS and W.f.gemv_block_rows != NULL:
-        maxw = GEMV_TILE_COLS
-    else:
-        maxw = GEMV_B_COLS
+    tile = B >= GEMV_TILE_ROWS and W.f.gemv_block_rows != NULL  # each weight loaded once for all rows
+    maxw = GEMV_COLS if B == 1 else GEMV_TILE_COLS if tile else GEMV_B_COLS
     item = cyf_next_item(counter)
     while item < nitems:
         if item < nb - ntail:
@@ -465,7 +462,7 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
         kb = K - k0 if K - k0 < GEMV_ROWS else GEMV_ROWS
         while c0 < c1:  # the partial row stays in L1 while W streams past
             cw = c1 - c0 if c1 - c0 < maxw else maxw
-            if B >= GEMV_TILE_ROWS and W.f.gemv_block_rows != NULL:  # each weight loaded once for all rows
+            if tile:
                 W.f.gemv_block_rows(partials + blk * N + c0, nb * N, x, ldx, <int>B, &W, k0, kb, c0, cw)
             else:
                 for r in range(B):

@@ -305,35 +305,30 @@ static inline float cyf_lanes_sum(cyf_v8f s0, cyf_v8f s1, const float *x, const 
     return cyf_tree16(lanes);
 }
 
-/* cyf_dot(x_r, w_c, n) for nr rows of x (ldx apart) against NW (a constant
- * once inlined) rows w_c (ldw apart): out[c + r * ldo], each over cyf_dot's
- * 16 lanes and tree, four rows of x at a time.  AVX2's 16 registers take
- * one row of w (8 accumulators); AVX-512 runs cyf_dot_tile16. */
-static inline __attribute__((always_inline)) void
-cyf_dot_tile(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ldw, const int NW,
-             ptrdiff_t n, float *out, ptrdiff_t ldo)
+/* cyf_dot(x_r, w, n) for nr rows of x (ldx apart) against one row w:
+ * out[r * ldo], each over cyf_dot's 16 lanes and tree, four rows of x at
+ * a time (8 accumulators: AVX2's 16 registers; AVX-512 runs
+ * cyf_dot_tile16). */
+static inline void cyf_dot_tile(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t n, float *out,
+                                ptrdiff_t ldo)
 {
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int m = nr - r0 < 4 ? nr - r0 : 4;
         const float *xr = x + r0 * ldx;
-        cyf_v8f s0[2][4] = {{{0}}}, s1[2][4] = {{{0}}};
+        cyf_v8f s0[4] = {{0}}, s1[4] = {{0}};
         ptrdiff_t i = 0;
         for (; i + 16 <= n; i += 16) {
-#pragma GCC unroll 2
-            for (int c = 0; c < NW; c++) {
-                const cyf_v8f w0 = cyf_load8(w + c * ldw + i), w1 = cyf_load8(w + c * ldw + i + 8);
+            const cyf_v8f w0 = cyf_load8(w + i), w1 = cyf_load8(w + i + 8);
 #pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) {
-                    if (r < m) {
-                        s0[c][r] += cyf_load8(xr + r * ldx + i) * w0;
-                        s1[c][r] += cyf_load8(xr + r * ldx + i + 8) * w1;
-                    }
+            for (int r = 0; r < 4; r++) {
+                if (r < m) {
+                    s0[r] += cyf_load8(xr + r * ldx + i) * w0;
+                    s1[r] += cyf_load8(xr + r * ldx + i + 8) * w1;
                 }
             }
         }
-        for (int c = 0; c < NW; c++)
-            for (int r = 0; r < m; r++)
-                out[c + (r0 + r) * ldo] = cyf_lanes_sum(s0[c][r], s1[c][r], xr + r * ldx, w + c * ldw, i, n);
+        for (int r = 0; r < m; r++)
+            out[(r0 + r) * ldo] = cyf_lanes_sum(s0[r], s1[r], xr + r * ldx, w, i, n);
     }
 }
 
@@ -402,7 +397,7 @@ static inline void cyf_dot_rows(const float *x, ptrdiff_t ldx, int nr, const flo
     }
 #else
     for (; c < nw; c++)
-        cyf_dot_tile(x, ldx, nr, w + c * ldw, ldw, 1, n, out + c, ldo);
+        cyf_dot_tile(x, ldx, nr, w + c * ldw, n, out + c, ldo);
 #endif
 }
 
