@@ -1404,7 +1404,8 @@ static inline void cyf_q80_select(int vnni)
 
 /* Point each row at the best kernels this CPU runs: features as
  * cyformer._runtime.cpu_features()'s bits (1: AVX512-VNNI, 2: AVX512-BF16,
- * 4: AVX2 and FMA, x86-64-v3).
+ * 4: AVX2 and FMA, x86-64-v3; with AVX512-VNNI, 8: AMX-INT8 granted by the
+ * OS, 16: the C model of AMX instead, which tests choose).
  * Called once at import (and by tests, to run every variant); returns the
  * bits used. */
 static inline int cyf_formats_select(int features)
@@ -1421,6 +1422,23 @@ static inline int cyf_formats_select(int features)
         i8->qgemm = &cyf_i8_qgemm_vnni;
         i4->qgemm = &cyf_i4_qgemm_vnni;
         i4->kernels = "int8 activations in decode and prefill, AVX512-VNNI vpdpbusd";
+        /* prefill on AMX (8), or on its model (16: tests) */
+        const int amx = features & 8 ? 0 : features & 16 ? 1 : -1;
+        if (amx >= 0) {
+            cyf_format *rows[4] = {i8, i4, &cyf_formats[4], &cyf_formats[5]};
+            static const char *const said[2][2] = {
+                {"int8 activations in decode and prefill; decode: AVX512-VNNI vpdpbusd, prefill: AMX tdpbsud",
+                 "[N, K]: int8 activations in decode and prefill; decode: AVX512-VNNI vpdpbusd, prefill: AMX tdpbsud"},
+                {"int8 activations in decode and prefill; decode: AVX512-VNNI vpdpbusd, prefill: a C model of AMX "
+                 "tdpbsud (tests)",
+                 "[N, K]: int8 activations in decode and prefill; decode: AVX512-VNNI vpdpbusd, prefill: a C model "
+                 "of AMX tdpbsud (tests)"}};
+            for (int i = 0; i < 4; i++) {
+                rows[i]->qgemm = &cyf_qgemm_amx[amx][i];
+                rows[i]->kernels = said[amx][i >= 2];
+            }
+            return bf16 | 1 | (amx ? 16 : 8);
+        }
 #endif
         return bf16 | 1;
     }

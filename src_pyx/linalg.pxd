@@ -23,6 +23,7 @@ cdef extern from "formats.h" nogil:
                      const unsigned char* strip, Py_ssize_t nblk, int bpp) noexcept nogil
         void (*pack_t)(unsigned char* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
                        Py_ssize_t pw) noexcept nogil  # W [N, K]: every format with one is rows_out
+        int mr  # the most rows of x one tile call takes
     # The bfloat16 GEMM with AVX512-BF16 (bgemm.h): pair-interleaved strips, vdpbf16ps tile.
     ctypedef struct cyf_bgemm:
         void (*pack_t)(unsigned int* panel, const Wt* W, Py_ssize_t K, Py_ssize_t N, Py_ssize_t n0,
@@ -61,7 +62,7 @@ cdef extern from "formats.h" nogil:
     int CYF_NFORMATS
     int cyf_formats_select(int features)
     const cyf_format* cyf_format_at(int code)
-    enum: CYF_QB, CYF_QMR, CYF_QNR, CYF_BMR, CYF_BNR
+    enum: CYF_QB, CYF_QMR_MAX, CYF_QNR, CYF_BMR, CYF_BNR, CYF_HAVE_VNNI_KERNELS
     Py_ssize_t cyf_bstrip_words(Py_ssize_t K)
     void cyf_bf16_pairs_of(const float* x, Py_ssize_t n, unsigned int* xp, Py_ssize_t npad)
     Py_ssize_t cyf_qstrip_bytes(Py_ssize_t K)

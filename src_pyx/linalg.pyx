@@ -71,7 +71,7 @@ cdef inline Py_ssize_t _lines(Py_ssize_t nbytes) noexcept nogil:
 
 
 cdef inline Py_ssize_t _qgemm_thread_scratch(Py_ssize_t K) noexcept nogil:
-    return _lines(GEMM_NC // CYF_QNR * cyf_qstrip_bytes(K)) + CYF_QMR * CYF_QNR  # a packed panel, one tile
+    return _lines(GEMM_NC // CYF_QNR * cyf_qstrip_bytes(K)) + CYF_QMR_MAX * CYF_QNR  # a packed panel, one tile
 
 
 cdef inline Py_ssize_t _qgemm_rows_scratch(Py_ssize_t T, Py_ssize_t K) noexcept nogil:
@@ -231,7 +231,7 @@ cdef void _gemm_q(float* out, const float* x, Wt W, const float* b,
     # The integer GEMM of a format with a qgemm (int8, int4; qgemm.h): every
     # row of x quantized once as decode does it (rows split over threads),
     # then _gemm's panels, each packed into int8 strips, and tiles of
-    # CYF_QMR rows whose sums are the matrix-vector path's, bit for bit:
+    # g.mr rows whose sums are the matrix-vector path's, bit for bit:
     # partial sums over GEMV_ROWS inputs, added in order, then _finish.
     cdef const cyf_qgemm* g = W.f.qgemm
     cdef Py_ssize_t nblk = (K + CYF_QB - 1) // CYF_QB
@@ -256,9 +256,9 @@ cdef void _gemm_q(float* out, const float* x, Wt W, const float* b,
             pw = _gemm_panel_width(n0, N)
             nstr = (pw + CYF_QNR - 1) // CYF_QNR
             g.pack_t(panel, &W, K, N, n0, pw)
-            for tt in range((T + CYF_QMR - 1) // CYF_QMR):
-                t0 = tt * CYF_QMR
-                rows = <int>(T - t0 if T - t0 < CYF_QMR else CYF_QMR)
+            for tt in range((T + g.mr - 1) // g.mr):
+                t0 = tt * g.mr
+                rows = <int>(T - t0 if T - t0 < g.mr else g.mr)
                 for si in range(nstr):
                     ns0 = n0 + si * CYF_QNR
                     nw = N - ns0 if N - ns0 < CYF_QNR else CYF_QNR
@@ -670,15 +670,24 @@ def _check_format_table():
 _check_format_table()
 
 
-# cyformer._runtime.cpu_features() names -> the bits cyf_formats_select reads
-_FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2, "avx2": 4}
+# cyformer._runtime.cpu_features() names -> the bits cyf_formats_select reads.
+# amx_model: the AMX tile run on amx.h's C model of the instructions, for
+# tests on CPUs without AMX; never chosen by default.
+_FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2, "avx2": 4, "amx_int8": 8, "amx_model": 16}
+_AMX_OFF = False  # set when this CPU's AMX failed the check at import (_check_amx)
 
 
 def _cpu_features():
     # cpu_features() names what lies beyond the x86-64 level; the kernels
-    # compiled for AVX2 by function run in every build, so the level counts too
+    # compiled for AVX2 by function run in every build, so the level counts
+    # too.  AMX counts only with its tile state granted by the OS, and the
+    # tile is built beside the AVX512-VNNI kernels.
     from cyformer import _runtime
-    return dict(_runtime.cpu_features(), avx2=_runtime.x86_level() >= 3)
+    f = _runtime.cpu_features()
+    vnni_built = bool(CYF_HAVE_VNNI_KERNELS)
+    return dict(f, avx2=_runtime.x86_level() >= 3,
+                amx_int8=f["amx_int8"] and f["amx_tile"] and f["amx_os"] and vnni_built,
+                amx_model=vnni_built and f["avx512_vnni"])
 
 
 def select_format_kernels(features=None):
@@ -688,7 +697,7 @@ def select_format_kernels(features=None):
     has.  Returns the features used."""
     have = _cpu_features()
     if features is None:
-        features = have
+        features = dict(have, amx_model=False, amx_int8=have["amx_int8"] and not _AMX_OFF)
     if not isinstance(features, dict):
         raise TypeError(f"select_format_kernels: features must be a dict of feature name -> bool, "
                         f"got {type(features).__name__}")
@@ -945,3 +954,45 @@ def stream_sum(x, threads=None):
             if t * per < n:
                 total += cyf_stream_sum(px + t * per, n - t * per if n - t * per < per else per)
     return float(total)
+
+
+def integer_tiles_agree(features, reference=None, formats=("int8", "int4", "q8_0", "q4_0")):
+    """True when the integer GEMM chosen by ``features`` (as for
+    select_format_kernels) gives the bits of the one chosen by
+    ``reference`` (default: the same features without AMX) for a small
+    prefill of each of ``formats``: 21 rows (a full AMX tile and a
+    part-filled one), ragged outputs.  Leaves the CPU's default kernels
+    selected."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((21, 96)).astype(np.float32)
+    x[3, :40] *= 1e-3
+    mats = [_formats.quantize(rng.standard_normal((96, 45)).astype(np.float32), fmt) for fmt in formats]
+    if reference is None:
+        reference = dict(features, amx_int8=False, amx_model=False)
+    try:
+        got = []
+        for chosen in (features, reference):
+            select_format_kernels(chosen)
+            got.append([linear_forward(x, W, threads=1).view(np.uint32) for W in mats])
+        return all(np.array_equal(a, b) for a, b in zip(*got))
+    finally:
+        select_format_kernels()
+
+
+def _check_amx():
+    # The AMX tile is tested bit for bit on its C model wherever AMX is
+    # missing; on a CPU that runs it, the first import also checks the
+    # instructions against the VNNI tile, and leaves AMX unused (with a
+    # warning) if they differ, rather than give other numbers.
+    global _AMX_OFF
+    if not select_format_kernels()["amx_int8"]:
+        return
+    if not integer_tiles_agree(dict(_cpu_features(), amx_model=False)):
+        import warnings
+        _AMX_OFF = True
+        select_format_kernels()
+        warnings.warn("cyformer: the AMX integer GEMM disagrees with the AVX512-VNNI one on this CPU; "
+                      "prefill uses AVX512-VNNI", RuntimeWarning, stacklevel=2)
+
+
+_check_amx()

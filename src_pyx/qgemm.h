@@ -18,6 +18,8 @@
 
 #define CYF_QMR 6   /* rows of x per register tile: 12 int32 + 12 float accumulators */
 #define CYF_QNR 32  /* outputs per packed strip: two vectors of 16 int32 lanes */
+#define CYF_AMR 16  /* rows of x per AMX tile: a tile register's 16 rows */
+#define CYF_QMR_MAX 16  /* the most rows any tile takes (the driver's tile buffer) */
 
 /* A packed strip of CYF_QNR outputs, for K inputs in nblk = ceil(K / CYF_QB)
  * blocks (Kp = nblk * CYF_QB):
@@ -44,6 +46,7 @@ typedef struct cyf_qgemm {
      * row per output) into ceil(pw / CYF_QNR) strips of cyf_qstrip_bytes(K)
      * each, one after another */
     void (*pack_t)(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t N, ptrdiff_t n0, ptrdiff_t pw);
+    int mr;  /* the most rows the tile takes in one call: CYF_QMR, or CYF_AMR with AMX */
 } cyf_qgemm;
 
 /* x [K] -> codes q [nblk * CYF_QB] (zero past K), d [nblk] (cyf_q8_row's)
@@ -217,8 +220,8 @@ static void cyf_i4_qtile_generic(float *c, const signed char *q, const float *d,
     cyf_qtile_generic_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
 }
 
-static const cyf_qgemm cyf_i8_qgemm_generic = {cyf_i8_qtile_generic, cyf_i8_qpack_t};
-static const cyf_qgemm cyf_i4_qgemm_generic = {cyf_i4_qtile_generic, cyf_i4_qpack_t};
+static const cyf_qgemm cyf_i8_qgemm_generic = {cyf_i8_qtile_generic, cyf_i8_qpack_t, CYF_QMR};
+static const cyf_qgemm cyf_i4_qgemm_generic = {cyf_i4_qtile_generic, cyf_i4_qpack_t, CYF_QMR};
 
 #if CYF_HAVE_VNNI_KERNELS
 /* The tile with vpdpbusd: per 4 inputs, 2 vectors of packed codes against a
@@ -404,11 +407,87 @@ CYF_QPACK_VNNI(cyf_q80_qpack_t_vnni, CYF_PACK_Q80)
 CYF_QPACK_VNNI(cyf_q40_qpack_t_vnni, CYF_PACK_Q40)
 #undef CYF_QPACK_VNNI
 
-static const cyf_qgemm cyf_i8_qgemm_vnni = {cyf_i8_qtile_vnni, cyf_i8_qpack_t_vnni};
-static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_i4_qpack_t_vnni};
+static const cyf_qgemm cyf_i8_qgemm_vnni = {cyf_i8_qtile_vnni, cyf_i8_qpack_t_vnni, CYF_QMR};
+static const cyf_qgemm cyf_i4_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_i4_qpack_t_vnni, CYF_QMR};
 /* GGUF's records: int4's grouped tile (their codes fit it); always [N, K] */
-static const cyf_qgemm cyf_q80_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q80_qpack_t_vnni};
-static const cyf_qgemm cyf_q40_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q40_qpack_t_vnni};
+static const cyf_qgemm cyf_q80_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q80_qpack_t_vnni, CYF_QMR};
+static const cyf_qgemm cyf_q40_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q40_qpack_t_vnni, CYF_QMR};
+
+/* ---- The tile with AMX (qtile_amx.h): one body, two instruction sets ----
+ * The model (amx.h), with the AVX-512 the rest of this section takes: the
+ * tile's code tested on CPUs without AMX; never chosen for speed. */
+#include "amx.h"
+#define CYF_T_STATE cyf_amx_model cyf_m_;
+#define CYF_T_CFG(cfg) cyf_amx_model_cfg(&cyf_m_, cfg)
+#define CYF_T_ZERO(t) cyf_amx_model_zero(&cyf_m_, t)
+#define CYF_T_LOAD(t, base, stride) cyf_amx_model_load(&cyf_m_, t, base, stride)
+#define CYF_T_STORE(t, base, stride) cyf_amx_model_store(&cyf_m_, t, base, stride)
+#define CYF_T_DP(c, a, b) cyf_amx_model_dpbsud(&cyf_m_, c, a, b)
+#define CYF_T_END                                 \
+    if (cyf_m_.bad) /* a fault on AMX: NaN here */ \
+        for (int i_ = 0; i_ < rows * CYF_QNR; i_++) \
+            acc[i_] = __builtin_nanf("");
+#define CYF_AMX_ATTR __attribute__((target("avx512vnni"), always_inline))
+#define CYF_AMX_TILE_ cyf_qtile_amx_model_
+#include "qtile_amx.h"
+#undef CYF_T_STATE
+#undef CYF_T_CFG
+#undef CYF_T_ZERO
+#undef CYF_T_LOAD
+#undef CYF_T_STORE
+#undef CYF_T_DP
+#undef CYF_T_END
+#undef CYF_AMX_ATTR
+#undef CYF_AMX_TILE_
+
+/* The instructions, written as inline assembly (AT&T operand order) rather
+ * than the compilers' _tile_* macros: each says it touches memory, so the
+ * compiler neither drops the configuration's stores nor moves the reads of
+ * the stored sums across the tile stores.  Any assembler from binutils 2.36
+ * or LLVM 12 on knows them; they run only where cyf_cpu_features found AMX
+ * and the OS granted its state (cyformer._runtime). */
+#define CYF_T_STATE
+#define CYF_T_CFG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const cyf_tilecfg *)(cfg)) : "memory")
+#define CYF_T_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::: "memory")
+#define CYF_T_LOAD(t, base, stride) \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"((long)(stride)) : "memory")
+#define CYF_T_STORE(t, base, stride) \
+    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"((long)(stride)) : "memory")
+#define CYF_T_DP(c, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::: "memory")
+#define CYF_T_END __asm__ volatile("tilerelease" ::: "memory");
+#define CYF_AMX_ATTR __attribute__((target("avx512vnni"), always_inline))
+#define CYF_AMX_TILE_ cyf_qtile_amx_
+#include "qtile_amx.h"
+#undef CYF_T_STATE
+#undef CYF_T_CFG
+#undef CYF_T_ZERO
+#undef CYF_T_LOAD
+#undef CYF_T_STORE
+#undef CYF_T_DP
+#undef CYF_T_END
+#undef CYF_AMX_ATTR
+#undef CYF_AMX_TILE_
+
+#define CYF_QTILE_AMX(NAME, BODY, GROUPED)                                                                   \
+__attribute__((target("avx512vnni")))                                                                        \
+static void NAME(float *c, const signed char *q, const float *d, const int *bsum, int rows,                  \
+                 const unsigned char *strip, ptrdiff_t nblk, int bpp)                                        \
+{                                                                                                            \
+    BODY(c, q, d, bsum, rows, strip, nblk, bpp, GROUPED);                                                    \
+}
+CYF_QTILE_AMX(cyf_i8_qtile_amx, cyf_qtile_amx_, 0)
+CYF_QTILE_AMX(cyf_i4_qtile_amx, cyf_qtile_amx_, 1)
+CYF_QTILE_AMX(cyf_i8_qtile_amx_model, cyf_qtile_amx_model_, 0)
+CYF_QTILE_AMX(cyf_i4_qtile_amx_model, cyf_qtile_amx_model_, 1)
+#undef CYF_QTILE_AMX
+
+/* [variant][format]: AMX, its model; int8, int4, q8_0, q4_0 (the VNNI packers) */
+static const cyf_qgemm cyf_qgemm_amx[2][4] = {
+    {{cyf_i8_qtile_amx, cyf_i8_qpack_t_vnni, CYF_AMR}, {cyf_i4_qtile_amx, cyf_i4_qpack_t_vnni, CYF_AMR},
+     {cyf_i4_qtile_amx, cyf_q80_qpack_t_vnni, CYF_AMR}, {cyf_i4_qtile_amx, cyf_q40_qpack_t_vnni, CYF_AMR}},
+    {{cyf_i8_qtile_amx_model, cyf_i8_qpack_t_vnni, CYF_AMR}, {cyf_i4_qtile_amx_model, cyf_i4_qpack_t_vnni, CYF_AMR},
+     {cyf_i4_qtile_amx_model, cyf_q80_qpack_t_vnni, CYF_AMR}, {cyf_i4_qtile_amx_model, cyf_q40_qpack_t_vnni, CYF_AMR}},
+};
 #endif
 
 #if CYF_HAVE_AVX2_KERNELS
@@ -505,10 +584,10 @@ static void cyf_i4_qtile_avx2(float *c, const signed char *q, const float *d, co
     cyf_qtile_avx2_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
 }
 
-static const cyf_qgemm cyf_i8_qgemm_avx2 = {cyf_i8_qtile_avx2, cyf_i8_qpack_t};
-static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_i4_qpack_t};
+static const cyf_qgemm cyf_i8_qgemm_avx2 = {cyf_i8_qtile_avx2, cyf_i8_qpack_t, CYF_QMR};
+static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_i4_qpack_t, CYF_QMR};
 /* q4_0's codes fit int4's 16-bit block sums; q8_0's do not (|w| up to 127) */
-static const cyf_qgemm cyf_q40_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_q40_qpack_t};
+static const cyf_qgemm cyf_q40_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_q40_qpack_t, CYF_QMR};
 #endif
 
 #endif

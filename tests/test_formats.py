@@ -712,7 +712,26 @@ def _int8_variants():
     return out
 
 
+def _gemm_variants():
+    # the integer GEMM's variants: _int8_variants', and with AVX512-VNNI the
+    # AMX tile, on the instructions where the CPU has them (and the OS grants
+    # their state), and always on amx.h's C model of them
+    out = _int8_variants()
+    if any(v.get("avx512_vnni") for v in out):
+        have = linalg._cpu_features()
+        if have["amx_int8"]:
+            out.append({"avx512_vnni": True, "amx_int8": True})
+        else:
+            print("AMX integer GEMM not tested on AMX: this CPU (or its OS) has no amx_int8; its C model is")
+        out.append({"avx512_vnni": True, "amx_model": True})
+    else:
+        print("AMX integer GEMM not tested: its tile needs the AVX512-VNNI kernels")
+    return out
+
+
 def _variant_id(v):
+    if v.get("amx_int8") or v.get("amx_model"):
+        return "amx" if v.get("amx_int8") else "amx-model"
     return "vnni" if v.get("avx512_vnni") else "avx2" if v.get("avx2") else "generic"
 
 
@@ -851,7 +870,32 @@ def test_int4_rows_out_non_finite_activations_give_nan(int8_variant):
         assert np.isnan(linalg.matvec_rows(x, W, w_transposed=True)).all()
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+def test_amx_tile_is_never_chosen_on_its_model_and_agrees_with_every_tile():
+    # the C model of AMX runs only when asked for; the AMX tile on it gives
+    # the bits of the VNNI tile and of the generic integer loops, and the
+    # check leaves this CPU's default kernels in place
+    default = linalg.select_format_kernels()
+    assert not default["amx_model"]
+    before = linalg.format_kernels()
+    have = linalg._cpu_features()
+    if not (have["avx512_vnni"] and have["amx_model"]):
+        pytest.skip("the AMX tile is built with the AVX512-VNNI kernels; this CPU or kernel level has none")
+    amx = {"avx512_vnni": True, "amx_model": True}
+    assert linalg.integer_tiles_agree(amx)
+    # (GGUF's records have no integer GEMM on the generic kernels)
+    assert linalg.integer_tiles_agree(amx, reference={"avx512_vnni": False, "avx2": False}, formats=("int8", "int4"))
+    assert linalg.format_kernels() == before
+    try:
+        assert linalg.select_format_kernels(amx)["amx_model"]
+        assert "AMX" in linalg.format_kernels()["int8"] and linalg.prefill_gemm("q4_0") == "int8"
+    finally:
+        linalg.select_format_kernels()
+    if have["amx_int8"]:  # the instructions themselves, where they run
+        assert linalg.integer_tiles_agree({"avx512_vnni": True, "amx_int8": True})
+        assert default["amx_int8"], "AMX runs here but was not chosen: it failed the check at import"
+
+
+@pytest.mark.parametrize("int8_variant", _gemm_variants(), indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
@@ -871,7 +915,7 @@ def test_integer_gemm_rows_are_the_matvec_rows(rng, int8_variant, fmt, K, N, thr
         want = np.stack([q8_matvec(r, W.data.T, W.scale, 64) for r in x])  # linalg's GEMV_ROWS
     else:
         want = np.stack([q4_matvec(r, W.data.T, W.scale.T, 64) for r in x])
-    for T in (4, 7, 23):  # tiles of 6 rows: one part-filled, one full and part-filled, several
+    for T in (4, 7, 23):  # tiles of 6 rows (AMX: 16): one part-filled, one full and part-filled, several
         got = linalg.linear_forward(x[:T], W, threads=threads)
         np.testing.assert_array_equal(got.view(np.uint32), want[:T].view(np.uint32))
         for t in (0, T - 1):
@@ -880,7 +924,7 @@ def test_integer_gemm_rows_are_the_matvec_rows(rng, int8_variant, fmt, K, N, thr
             np.testing.assert_allclose(got[t], one[0], rtol=0, atol=1e-5 * np.abs(one[0]).max() + 1e-30)
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", _gemm_variants(), indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("K, N", [(32, 5), (96, 70), (256, 129), (768, 300)])
@@ -891,7 +935,8 @@ def test_records_gemm_is_the_grouped_reference(rng, int8_variant, fmt, K, N, thr
     # for bit numpy_ref.records_gemm_row; elsewhere the float panels
     from cyformer.backends.numpy_ref import records_gemm_row
     linalg.select_format_kernels(int8_variant)
-    integer = _variant_id(int8_variant) == "vnni" or (_variant_id(int8_variant) == "avx2" and fmt == "q4_0")
+    integer = _variant_id(int8_variant) in ("vnni", "amx", "amx-model") or (_variant_id(int8_variant) == "avx2"
+                                                                          and fmt == "q4_0")
     assert linalg.integer_gemm(fmt) == integer
     W = quantize(rng.standard_normal((K, N)).astype(np.float32), fmt)
     x = rng.standard_normal((23, K)).astype(np.float32)
@@ -912,7 +957,7 @@ def test_records_gemm_is_the_grouped_reference(rng, int8_variant, fmt, K, N, thr
             np.testing.assert_allclose(got[ok], exact, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", _gemm_variants(), indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_integer_gemm_at_the_integer_limits(rng, int8_variant, fmt):
@@ -969,7 +1014,7 @@ def ragged_checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", _gemm_variants(), indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("dtype, model", [(d, m) for d in ("int8", "int4") for m in ("bundled", "ragged")]
                          + [(d, "bundled") for d in BLOCK])  # q8_0, q4_0 need whole blocks of 32 inputs
@@ -1039,7 +1084,7 @@ def test_integer_gemm_of_int4_rows_out(rng, int8_variant, K, N, threads):
     x[9, K // 2] = np.nan      # spoils its own row only
     data, scale = np.ascontiguousarray(W.data.T), np.ascontiguousarray(W.scale.T)
     want = np.stack([q4_matvec(r, data, scale, 64) for r in x])  # linalg's GEMV_ROWS
-    for T in (4, 7, 23):  # tiles of 6 rows: one part-filled, one full and part-filled, several
+    for T in (4, 7, 23):  # tiles of 6 rows (AMX: 16): one part-filled, one full and part-filled, several
         got = linalg.linear_forward(x[:T], W, w_transposed=True, threads=threads)
         np.testing.assert_array_equal(got.view(np.uint32), want[:T].view(np.uint32))
     assert np.isnan(got[9]).all() and np.isfinite(np.delete(got, 9, axis=0)).all()

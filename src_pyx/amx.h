@@ -1,0 +1,103 @@
+/* AMX tiles: the tile configuration, and a C model of the tile instructions
+ * the integer GEMM uses (ldtilecfg, tilezero, tileloadd, tilestored,
+ * tdpbsud), written from the instruction set reference's pseudocode.
+ *
+ * The AMX tile (qtile_amx.h) is written once against the CYF_T_* names
+ * and compiled twice: with the instructions (CPUs with AMX) and with this
+ * model, which any AVX-512 CPU runs, so the tile's layout, configuration
+ * and arithmetic are tested bit for bit where there is no AMX.  The model
+ * also checks what the hardware faults on (a bad palette, shapes that do
+ * not chain) and flags it, so a configuration error fails a test instead of
+ * waiting for a machine that has the instructions. */
+#ifndef CYFORMER_AMX_H
+#define CYFORMER_AMX_H
+
+#include <string.h>
+
+/* ldtilecfg's 64-byte operand, palette 1: 8 tiles of at most 16 rows of 64 bytes */
+typedef struct cyf_tilecfg {
+    unsigned char palette, start_row, reserved[14];
+    unsigned short colsb[16];
+    unsigned char rows[16];
+} cyf_tilecfg;
+_Static_assert(sizeof(cyf_tilecfg) == 64, "ldtilecfg reads 64 bytes");
+
+typedef struct cyf_amx_model {
+    cyf_tilecfg cfg;
+    int bad;  /* something the hardware would fault on */
+    unsigned char t[8][16][64];
+} cyf_amx_model;
+
+static inline int cyf_amx_model_tile_ok(const cyf_amx_model *m, int t)
+{
+    return t >= 0 && t < 8 && m->cfg.rows[t] > 0 && m->cfg.rows[t] <= 16 && m->cfg.colsb[t] > 0
+           && m->cfg.colsb[t] <= 64;
+}
+
+/* ldtilecfg: checks palette 1's limits; every tile starts zeroed */
+static inline void cyf_amx_model_cfg(cyf_amx_model *m, const cyf_tilecfg *c)
+{
+    m->cfg = *c;
+    m->bad = c->palette != 1 || c->start_row != 0;
+    for (int i = 0; i < 14; i++)
+        m->bad |= c->reserved[i] != 0;
+    for (int t = 0; t < 16; t++) {
+        const int unused = c->rows[t] == 0 && c->colsb[t] == 0;
+        m->bad |= t >= 8 ? !unused : !unused && !cyf_amx_model_tile_ok(m, t);
+    }
+    memset(m->t, 0, sizeof m->t);
+}
+
+static inline void cyf_amx_model_zero(cyf_amx_model *m, int t)
+{
+    m->bad |= !cyf_amx_model_tile_ok(m, t);
+    if (t >= 0 && t < 8)
+        memset(m->t[t], 0, sizeof m->t[t]);
+}
+
+/* tileloadd: rows x colsb bytes, stride bytes apart; the rest of the tile zeroed */
+static inline void cyf_amx_model_load(cyf_amx_model *m, int t, const void *base, ptrdiff_t stride)
+{
+    if (!cyf_amx_model_tile_ok(m, t)) {
+        m->bad = 1;
+        return;
+    }
+    memset(m->t[t], 0, sizeof m->t[t]);
+    for (int r = 0; r < m->cfg.rows[t]; r++)
+        memcpy(m->t[t][r], (const unsigned char *)base + r * stride, m->cfg.colsb[t]);
+}
+
+static inline void cyf_amx_model_store(cyf_amx_model *m, int t, void *base, ptrdiff_t stride)
+{
+    if (!cyf_amx_model_tile_ok(m, t)) {
+        m->bad = 1;
+        return;
+    }
+    for (int r = 0; r < m->cfg.rows[t]; r++)
+        memcpy((unsigned char *)base + r * stride, m->t[t][r], m->cfg.colsb[t]);
+}
+
+/* tdpbsud c += a (signed bytes) . b (unsigned bytes): for each row i of c
+ * and dword j, the dot products of a's row i, 4 bytes at a time, with the
+ * dwords j of b's rows, added in 32 bits.  The shapes must chain: a and c
+ * the same rows, a's dwords b's rows, b and c the same columns. */
+static inline void cyf_amx_model_dpbsud(cyf_amx_model *m, int c, int a, int b)
+{
+    if (!cyf_amx_model_tile_ok(m, c) || !cyf_amx_model_tile_ok(m, a) || !cyf_amx_model_tile_ok(m, b)
+        || c == a || c == b || a == b || m->cfg.rows[c] != m->cfg.rows[a] || m->cfg.colsb[a] % 4
+        || m->cfg.colsb[a] / 4 != m->cfg.rows[b] || m->cfg.colsb[c] != m->cfg.colsb[b] || m->cfg.colsb[c] % 4) {
+        m->bad = 1;
+        return;
+    }
+    for (int i = 0; i < m->cfg.rows[c]; i++)
+        for (int k = 0; k < m->cfg.colsb[a] / 4; k++)
+            for (int j = 0; j < m->cfg.colsb[c] / 4; j++) {
+                unsigned int s;
+                memcpy(&s, &m->t[c][i][4 * j], 4);
+                for (int e = 0; e < 4; e++)
+                    s += (unsigned int)((int)(signed char)m->t[a][i][4 * k + e] * (int)m->t[b][k][4 * j + e]);
+                memcpy(&m->t[c][i][4 * j], &s, 4);
+            }
+}
+
+#endif
