@@ -1405,7 +1405,9 @@ static inline void cyf_q80_select(int vnni)
 /* Point each row at the best kernels this CPU runs: features as
  * cyformer._runtime.cpu_features()'s bits (1: AVX512-VNNI, 2: AVX512-BF16,
  * 4: AVX2 and FMA, x86-64-v3; with AVX512-VNNI, 8: AMX-INT8 granted by the
- * OS, 16: the C model of AMX instead, which tests choose).
+ * OS, 16: the C model of AMX instead, which tests choose; with AVX2 and no
+ * AVX512-VNNI, 32: AVX-VNNI, 64: its tile in AVX512-VNNI's encoding, which
+ * tests choose).
  * Called once at import (and by tests, to run every variant); returns the
  * bits used. */
 static inline int cyf_formats_select(int features)
@@ -1460,6 +1462,25 @@ static inline int cyf_formats_select(int features)
         cyf_formats[5].kernels = "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, "
                                  "prefill: AVX2 vpmaddubsw + vpmaddwd";
         i4->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
+        /* prefill with vpdpbusd on 8 lanes: AVX-VNNI (32), or its EVEX form (64: tests) */
+        const int v256 = CYF_HAVE_AVXVNNI_KERNELS && (features & 32) ? 0 : features & 64 ? 1 : -1;
+        if (v256 >= 0) {
+            cyf_format *rows[4] = {i8, i4, &cyf_formats[4], &cyf_formats[5]};
+            static const char *const said[2][2] = {
+                {"int8 activations in decode and prefill; decode: AVX2 vpmaddubsw + vpmaddwd, prefill: AVX-VNNI "
+                 "vpdpbusd",
+                 "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, prefill: AVX-VNNI "
+                 "vpdpbusd"},
+                {"int8 activations in decode and prefill; decode: AVX2 vpmaddubsw + vpmaddwd, prefill: AVX-VNNI's "
+                 "tile with AVX512-VNNI's 256-bit vpdpbusd (tests)",
+                 "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, prefill: AVX-VNNI's "
+                 "tile with AVX512-VNNI's 256-bit vpdpbusd (tests)"}};
+            for (int i = 0; i < 4; i++) {
+                rows[i]->qgemm = &cyf_qgemm_vnni256[v256][i];
+                rows[i]->kernels = said[v256][i >= 2];
+            }
+            return bf16 | 4 | (v256 ? 64 : 32);
+        }
 #endif
         return bf16 | 4;
     }

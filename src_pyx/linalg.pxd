@@ -62,7 +62,7 @@ cdef extern from "formats.h" nogil:
     int CYF_NFORMATS
     int cyf_formats_select(int features)
     const cyf_format* cyf_format_at(int code)
-    enum: CYF_QB, CYF_QMR_MAX, CYF_QNR, CYF_BMR, CYF_BNR, CYF_HAVE_VNNI_KERNELS
+    enum: CYF_QB, CYF_QMR_MAX, CYF_QNR, CYF_BMR, CYF_BNR, CYF_HAVE_VNNI_KERNELS, CYF_HAVE_AVXVNNI_KERNELS
     Py_ssize_t cyf_bstrip_words(Py_ssize_t K)
     void cyf_bf16_pairs_of(const float* x, Py_ssize_t n, unsigned int* xp, Py_ssize_t npad)
     Py_ssize_t cyf_qstrip_bytes(Py_ssize_t K)

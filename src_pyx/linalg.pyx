@@ -671,9 +671,12 @@ _check_format_table()
 
 
 # cyformer._runtime.cpu_features() names -> the bits cyf_formats_select reads.
-# amx_model: the AMX tile run on amx.h's C model of the instructions, for
-# tests on CPUs without AMX; never chosen by default.
-_FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2, "avx2": 4, "amx_int8": 8, "amx_model": 16}
+# Two are for tests only, never chosen by default: amx_model, the AMX tile
+# run on amx.h's C model of the instructions, and avx_vnni_evex, the
+# AVX-VNNI tile with AVX512-VNNI's encoding of vpdpbusd.
+_FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2, "avx2": 4, "amx_int8": 8, "amx_model": 16,
+                 "avx_vnni": 32, "avx_vnni_evex": 64}
+_TEST_ONLY = ("amx_model", "avx_vnni_evex")
 _AMX_OFF = False  # set when this CPU's AMX failed the check at import (_check_amx)
 
 
@@ -684,8 +687,9 @@ def _cpu_features():
     # tile is built beside the AVX512-VNNI kernels.
     from cyformer import _runtime
     f = _runtime.cpu_features()
-    vnni_built = bool(CYF_HAVE_VNNI_KERNELS)
-    return dict(f, avx2=_runtime.x86_level() >= 3,
+    vnni_built, level = bool(CYF_HAVE_VNNI_KERNELS), _runtime.x86_level()
+    return dict(f, avx2=level >= 3, avx_vnni=f["avx_vnni"] and level >= 3 and bool(CYF_HAVE_AVXVNNI_KERNELS),
+                avx_vnni_evex=f["avx512_vnni"] and level >= 4,
                 amx_int8=f["amx_int8"] and f["amx_tile"] and f["amx_os"] and vnni_built,
                 amx_model=vnni_built and f["avx512_vnni"])
 
@@ -697,7 +701,7 @@ def select_format_kernels(features=None):
     has.  Returns the features used."""
     have = _cpu_features()
     if features is None:
-        features = dict(have, amx_model=False, amx_int8=have["amx_int8"] and not _AMX_OFF)
+        features = dict(have, amx_int8=have["amx_int8"] and not _AMX_OFF, **dict.fromkeys(_TEST_ONLY, False))
     if not isinstance(features, dict):
         raise TypeError(f"select_format_kernels: features must be a dict of feature name -> bool, "
                         f"got {type(features).__name__}")
@@ -959,16 +963,21 @@ def stream_sum(x, threads=None):
 def integer_tiles_agree(features, reference=None, formats=("int8", "int4", "q8_0", "q4_0")):
     """True when the integer GEMM chosen by ``features`` (as for
     select_format_kernels) gives the bits of the one chosen by
-    ``reference`` (default: the same features without AMX) for a small
+    ``reference`` (default: the same features without AMX and the
+    test-only variants) for a small
     prefill of each of ``formats``: 21 rows (a full AMX tile and a
     part-filled one), ragged outputs.  Leaves the CPU's default kernels
     selected."""
+    for name, v in (("features", features), ("reference", reference)):
+        if not isinstance(v, dict) and not (name == "reference" and v is None):
+            raise TypeError(f"integer_tiles_agree: {name} must be a dict of feature name -> bool, "
+                            f"got {type(v).__name__}")
     rng = np.random.default_rng(31)
     x = rng.standard_normal((21, 96)).astype(np.float32)
     x[3, :40] *= 1e-3
     mats = [_formats.quantize(rng.standard_normal((96, 45)).astype(np.float32), fmt) for fmt in formats]
     if reference is None:
-        reference = dict(features, amx_int8=False, amx_model=False)
+        reference = dict(features, amx_int8=False, **dict.fromkeys(_TEST_ONLY, False))
     try:
         got = []
         for chosen in (features, reference):
@@ -987,7 +996,7 @@ def _check_amx():
     global _AMX_OFF
     if not select_format_kernels()["amx_int8"]:
         return
-    if not integer_tiles_agree(dict(_cpu_features(), amx_model=False)):
+    if not integer_tiles_agree(dict(_cpu_features(), **dict.fromkeys(_TEST_ONLY, False))):
         import warnings
         _AMX_OFF = True
         select_format_kernels()

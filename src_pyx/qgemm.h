@@ -49,6 +49,16 @@ typedef struct cyf_qgemm {
     int mr;  /* the most rows the tile takes in one call: CYF_QMR, or CYF_AMR with AMX */
 } cyf_qgemm;
 
+/* A tile's entry points on its inline body: int8 (grouped 0), and int4 and
+ * GGUF's records (grouped 1: each block's sum times d * the weights' scale) */
+#define CYF_QTILE_ENTRY(NAME, TARGET, BODY, GROUPED)                                                         \
+__attribute__((target(TARGET)))                                                                              \
+static void NAME(float *c, const signed char *q, const float *d, const int *bsum, int rows,                  \
+                 const unsigned char *strip, ptrdiff_t nblk, int bpp)                                        \
+{                                                                                                            \
+    BODY(c, q, d, bsum, rows, strip, nblk, bpp, GROUPED);                                                    \
+}
+
 /* x [K] -> codes q [nblk * CYF_QB] (zero past K), d [nblk] (cyf_q8_row's)
  * and bsum[b] = 128 * the sum of block b's codes: the correction for the
  * weights' +128. */
@@ -295,19 +305,8 @@ static inline void cyf_qtile_vnni_(float *c, const signed char *q, const float *
     memcpy(c, acc, (size_t)rows * CYF_QNR * sizeof(float));
 }
 
-__attribute__((target("avx512vnni")))
-static void cyf_i8_qtile_vnni(float *c, const signed char *q, const float *d, const int *bsum, int rows,
-                              const unsigned char *strip, ptrdiff_t nblk, int bpp)
-{
-    cyf_qtile_vnni_(c, q, d, bsum, rows, strip, nblk, bpp, 0);
-}
-
-__attribute__((target("avx512vnni")))
-static void cyf_i4_qtile_vnni(float *c, const signed char *q, const float *d, const int *bsum, int rows,
-                              const unsigned char *strip, ptrdiff_t nblk, int bpp)
-{
-    cyf_qtile_vnni_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
-}
+CYF_QTILE_ENTRY(cyf_i8_qtile_vnni, "avx512vnni", cyf_qtile_vnni_, 0)
+CYF_QTILE_ENTRY(cyf_i4_qtile_vnni, "avx512vnni", cyf_qtile_vnni_, 1)
 
 /* The packers with AVX-512: 64 inputs of each of 16 rows widen in
  * registers to 64 codes + 128 (one vector: 16 dwords of 4 inputs of one
@@ -468,18 +467,10 @@ static const cyf_qgemm cyf_q40_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q40_qpack_t_
 #undef CYF_AMX_ATTR
 #undef CYF_AMX_TILE_
 
-#define CYF_QTILE_AMX(NAME, BODY, GROUPED)                                                                   \
-__attribute__((target("avx512vnni")))                                                                        \
-static void NAME(float *c, const signed char *q, const float *d, const int *bsum, int rows,                  \
-                 const unsigned char *strip, ptrdiff_t nblk, int bpp)                                        \
-{                                                                                                            \
-    BODY(c, q, d, bsum, rows, strip, nblk, bpp, GROUPED);                                                    \
-}
-CYF_QTILE_AMX(cyf_i8_qtile_amx, cyf_qtile_amx_, 0)
-CYF_QTILE_AMX(cyf_i4_qtile_amx, cyf_qtile_amx_, 1)
-CYF_QTILE_AMX(cyf_i8_qtile_amx_model, cyf_qtile_amx_model_, 0)
-CYF_QTILE_AMX(cyf_i4_qtile_amx_model, cyf_qtile_amx_model_, 1)
-#undef CYF_QTILE_AMX
+CYF_QTILE_ENTRY(cyf_i8_qtile_amx, "avx512vnni", cyf_qtile_amx_, 0)
+CYF_QTILE_ENTRY(cyf_i4_qtile_amx, "avx512vnni", cyf_qtile_amx_, 1)
+CYF_QTILE_ENTRY(cyf_i8_qtile_amx_model, "avx512vnni", cyf_qtile_amx_model_, 0)
+CYF_QTILE_ENTRY(cyf_i4_qtile_amx_model, "avx512vnni", cyf_qtile_amx_model_, 1)
 
 /* [variant][format]: AMX, its model; int8, int4, q8_0, q4_0 (the VNNI packers) */
 static const cyf_qgemm cyf_qgemm_amx[2][4] = {
@@ -488,6 +479,12 @@ static const cyf_qgemm cyf_qgemm_amx[2][4] = {
     {{cyf_i8_qtile_amx_model, cyf_i8_qpack_t_vnni, CYF_AMR}, {cyf_i4_qtile_amx_model, cyf_i4_qpack_t_vnni, CYF_AMR},
      {cyf_i4_qtile_amx_model, cyf_q80_qpack_t_vnni, CYF_AMR}, {cyf_i4_qtile_amx_model, cyf_q40_qpack_t_vnni, CYF_AMR}},
 };
+#endif
+
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define CYF_HAVE_AVXVNNI_KERNELS 1  /* the compiler knows target("avxvnni") */
+#else
+#define CYF_HAVE_AVXVNNI_KERNELS 0
 #endif
 
 #if CYF_HAVE_AVX2_KERNELS
@@ -499,95 +496,58 @@ static const cyf_qgemm cyf_qgemm_amx[2][4] = {
  * the other tiles, the same float steps, so the same bits.  16 ymm
  * registers: 6 rows by 8 outputs at a time (6 int32 accumulators), the
  * strip's 32 outputs in 4 passes; rows past `rows` repeat the last one. */
-__attribute__((target("avx2,fma"), always_inline))
-static inline void cyf_qtile_avx2_(float *c, const signed char *q, const float *d, const int *bsum, int rows,
-                                   const unsigned char *strip, ptrdiff_t nblk, int bpp, int grouped)
-{
-    (void)bsum;
-    const ptrdiff_t Kp = nblk * CYF_QB;
-    const float *sc = (const float *)(strip + Kp * CYF_QNR);
-    const signed char *qr[CYF_QMR];
-    const float *dr[CYF_QMR];
-    for (int r = 0; r < CYF_QMR; r++) {
-        const int rr = r < rows ? r : rows - 1;
-        qr[r] = q + rr * Kp;
-        dr[r] = d + rr * nblk;
-    }
-    float acc[CYF_QMR * CYF_QNR] __attribute__((aligned(32)));
-    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    for (int j0 = 0; j0 < CYF_QNR; j0 += 8) {
-        __m256 a[CYF_QMR];
-#pragma GCC unroll 6
-        for (int r = 0; r < CYF_QMR; r++)
-            a[r] = _mm256_set1_ps(-0.0f);  /* -0 + p is p: the first partial as it is */
-        for (ptrdiff_t b0 = 0; b0 < nblk; b0 += bpp) {
-            const ptrdiff_t b1 = b0 + bpp < nblk ? b0 + bpp : nblk;
-            __m256 p[CYF_QMR];
-#pragma GCC unroll 6
-            for (int r = 0; r < CYF_QMR; r++)
-                p[r] = _mm256_setzero_ps();
-            for (ptrdiff_t b = b0; b < b1; b++) {
-                __m256i s[CYF_QMR];
-#pragma GCC unroll 6
-                for (int r = 0; r < CYF_QMR; r++)
-                    s[r] = _mm256_setzero_si256();
-                const unsigned char *w = strip + b * CYF_QB * CYF_QNR + 4 * j0;
-#pragma GCC unroll 8
-                for (int g = 0; g < CYF_QB / 4; g++) {
-                    const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + g * 4 * CYF_QNR)), flip);
-                    const __m256i wa = _mm256_abs_epi8(ws);
-#pragma GCC unroll 6
-                    for (int r = 0; r < CYF_QMR; r++) {
-                        int v;
-                        memcpy(&v, qr[r] + b * CYF_QB + 4 * g, 4);
-                        const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(v), ws);
-                        /* int4: |w| <= 8, so the block's 8 pair sums per 16-bit lane add to
-                         * at most 8 * 2 * 8 * 127 < 2^15: one vpmaddwd per block */
-                        s[r] = grouped ? _mm256_add_epi16(s[r], _mm256_maddubs_epi16(wa, qs))
-                                       : _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, qs), ones));
-                    }
-                }
-                if (grouped) {
-#pragma GCC unroll 6
-                    for (int r = 0; r < CYF_QMR; r++)
-                        s[r] = _mm256_madd_epi16(s[r], ones);
-                }
-                const __m256 s0 = grouped ? _mm256_loadu_ps(sc + b * CYF_QNR + j0) : _mm256_setzero_ps();
-#pragma GCC unroll 6
-                for (int r = 0; r < CYF_QMR; r++) {
-                    const __m256 db = _mm256_set1_ps(dr[r][b]);
-                    p[r] = _mm256_fmadd_ps(grouped ? _mm256_mul_ps(db, s0) : db, _mm256_cvtepi32_ps(s[r]), p[r]);
-                }
-            }
-#pragma GCC unroll 6
-            for (int r = 0; r < CYF_QMR; r++)
-                a[r] = _mm256_add_ps(a[r], p[r]);
-        }
-#pragma GCC unroll 6
-        for (int r = 0; r < CYF_QMR; r++)
-            _mm256_store_ps(acc + r * CYF_QNR + j0, a[r]);
-    }
-    memcpy(c, acc, (size_t)rows * CYF_QNR * sizeof(float));
-}
+#define CYF_Q2_ATTR __attribute__((target("avx2,fma"), always_inline))
+#define CYF_Q2_TILE_ cyf_qtile_avx2_
+#include "qtile_avx2.h"
+#undef CYF_Q2_ATTR
+#undef CYF_Q2_TILE_
 
-__attribute__((target("avx2,fma")))
-static void cyf_i8_qtile_avx2(float *c, const signed char *q, const float *d, const int *bsum, int rows,
-                              const unsigned char *strip, ptrdiff_t nblk, int bpp)
-{
-    cyf_qtile_avx2_(c, q, d, bsum, rows, strip, nblk, bpp, 0);
-}
+/* AVX-VNNI (Alder Lake and later AVX2 parts); and its instruction in
+ * AVX512-VNNI's encoding, which this project's AVX-512 machines run, so
+ * the tests cover the tile's code where AVX-VNNI is missing */
+#if CYF_HAVE_AVXVNNI_KERNELS
+#define CYF_Q2_ATTR __attribute__((target("avx2,fma,avxvnni"), always_inline))
+#define CYF_Q2_TILE_ cyf_qtile_avxvnni_
+#define CYF_Q2_DPBUSD _mm256_dpbusd_avx_epi32
+#include "qtile_avx2.h"
+#undef CYF_Q2_ATTR
+#undef CYF_Q2_TILE_
+#undef CYF_Q2_DPBUSD
+#endif
+#define CYF_Q2_ATTR __attribute__((target("avx2,fma,avx512vnni,avx512vl"), always_inline))
+#define CYF_Q2_TILE_ cyf_qtile_vnni256_
+#define CYF_Q2_DPBUSD _mm256_dpbusd_epi32
+#include "qtile_avx2.h"
+#undef CYF_Q2_ATTR
+#undef CYF_Q2_TILE_
+#undef CYF_Q2_DPBUSD
 
-__attribute__((target("avx2,fma")))
-static void cyf_i4_qtile_avx2(float *c, const signed char *q, const float *d, const int *bsum, int rows,
-                              const unsigned char *strip, ptrdiff_t nblk, int bpp)
-{
-    cyf_qtile_avx2_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
-}
+CYF_QTILE_ENTRY(cyf_i8_qtile_avx2, "avx2,fma", cyf_qtile_avx2_, 0)
+CYF_QTILE_ENTRY(cyf_i4_qtile_avx2, "avx2,fma", cyf_qtile_avx2_, 1)
+CYF_QTILE_ENTRY(cyf_i8_qtile_vnni256, "avx2,fma,avx512vnni,avx512vl", cyf_qtile_vnni256_, 0)
+CYF_QTILE_ENTRY(cyf_i4_qtile_vnni256, "avx2,fma,avx512vnni,avx512vl", cyf_qtile_vnni256_, 1)
+#if CYF_HAVE_AVXVNNI_KERNELS
+CYF_QTILE_ENTRY(cyf_i8_qtile_avxvnni, "avx2,fma,avxvnni", cyf_qtile_avxvnni_, 0)
+CYF_QTILE_ENTRY(cyf_i4_qtile_avxvnni, "avx2,fma,avxvnni", cyf_qtile_avxvnni_, 1)
+#endif
 
 static const cyf_qgemm cyf_i8_qgemm_avx2 = {cyf_i8_qtile_avx2, cyf_i8_qpack_t, CYF_QMR};
 static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_i4_qpack_t, CYF_QMR};
 /* q4_0's codes fit int4's 16-bit block sums; q8_0's do not (|w| up to 127) */
 static const cyf_qgemm cyf_q40_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_q40_qpack_t, CYF_QMR};
+/* [variant][format]: AVX-VNNI, its EVEX form (tests); int8, int4, q8_0, q4_0
+ * (vpdpbusd's int32 lanes take q8_0's codes too).  The generic packers: an
+ * AVX-VNNI CPU may have no AVX-512. */
+static const cyf_qgemm cyf_qgemm_vnni256[2][4] = {
+#if CYF_HAVE_AVXVNNI_KERNELS
+    {{cyf_i8_qtile_avxvnni, cyf_i8_qpack_t, CYF_QMR}, {cyf_i4_qtile_avxvnni, cyf_i4_qpack_t, CYF_QMR},
+     {cyf_i4_qtile_avxvnni, cyf_q80_qpack_t, CYF_QMR}, {cyf_i4_qtile_avxvnni, cyf_q40_qpack_t, CYF_QMR}},
+#else
+    {{0}},  /* a compiler without avxvnni: never chosen (cyf_formats_select) */
+#endif
+    {{cyf_i8_qtile_vnni256, cyf_i8_qpack_t, CYF_QMR}, {cyf_i4_qtile_vnni256, cyf_i4_qpack_t, CYF_QMR},
+     {cyf_i4_qtile_vnni256, cyf_q80_qpack_t, CYF_QMR}, {cyf_i4_qtile_vnni256, cyf_q40_qpack_t, CYF_QMR}},
+};
 #endif
 
 #endif

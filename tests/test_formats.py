@@ -713,12 +713,21 @@ def _int8_variants():
 
 
 def _gemm_variants():
-    # the integer GEMM's variants: _int8_variants', and with AVX512-VNNI the
-    # AMX tile, on the instructions where the CPU has them (and the OS grants
-    # their state), and always on amx.h's C model of them
+    # the integer GEMM's variants: _int8_variants', the AVX-VNNI tile (on
+    # AVX-VNNI, and in AVX512-VNNI's encoding where the CPU has that), and
+    # with AVX512-VNNI the AMX tile, on the instructions where the CPU has
+    # them (and the OS grants their state), and always on amx.h's C model
     out = _int8_variants()
+    have = linalg._cpu_features()
+    if have["avx_vnni"]:
+        out.append({"avx2": True, "avx_vnni": True})
+    else:
+        print("AVX-VNNI integer GEMM not tested on AVX-VNNI: this CPU has none")
+    if have["avx_vnni_evex"]:
+        out.append({"avx2": True, "avx_vnni_evex": True})
+    else:
+        print("AVX-VNNI integer GEMM not tested in AVX512-VNNI's encoding: this CPU has no AVX512-VNNI")
     if any(v.get("avx512_vnni") for v in out):
-        have = linalg._cpu_features()
         if have["amx_int8"]:
             out.append({"avx512_vnni": True, "amx_int8": True})
         else:
@@ -732,6 +741,8 @@ def _gemm_variants():
 def _variant_id(v):
     if v.get("amx_int8") or v.get("amx_model"):
         return "amx" if v.get("amx_int8") else "amx-model"
+    if v.get("avx_vnni") or v.get("avx_vnni_evex"):
+        return "avxvnni" if v.get("avx_vnni") else "avxvnni-evex"
     return "vnni" if v.get("avx512_vnni") else "avx2" if v.get("avx2") else "generic"
 
 
@@ -935,8 +946,8 @@ def test_records_gemm_is_the_grouped_reference(rng, int8_variant, fmt, K, N, thr
     # for bit numpy_ref.records_gemm_row; elsewhere the float panels
     from cyformer.backends.numpy_ref import records_gemm_row
     linalg.select_format_kernels(int8_variant)
-    integer = _variant_id(int8_variant) in ("vnni", "amx", "amx-model") or (_variant_id(int8_variant) == "avx2"
-                                                                          and fmt == "q4_0")
+    vid = _variant_id(int8_variant)
+    integer = vid in ("vnni", "amx", "amx-model", "avxvnni", "avxvnni-evex") or (vid == "avx2" and fmt == "q4_0")
     assert linalg.integer_gemm(fmt) == integer
     W = quantize(rng.standard_normal((K, N)).astype(np.float32), fmt)
     x = rng.standard_normal((23, K)).astype(np.float32)

@@ -594,7 +594,7 @@ def test_every_public_kernel_wrapper_is_covered():
                "attention.rope_forward",
                "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty",
                "linalg.format_kernels", "linalg.select_format_kernels", "linalg.integer_gemm",
-               "linalg.prefill_gemm", "linalg.prep_bytes", "linalg.matvec_rows"}
+               "linalg.prefill_gemm", "linalg.prep_bytes", "linalg.matvec_rows", "linalg.integer_tiles_agree"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
 
 
@@ -607,6 +607,19 @@ def test_select_format_kernels_refuses_bad_features():
     used = linalg.select_format_kernels()
     assert set(used) and all(isinstance(v, bool) for v in used.values())
     assert set(linalg.format_kernels()) == set(cyformer.formats.TABLE)
+
+
+def test_integer_tiles_agree_names_bad_arguments():
+    before = linalg.format_kernels()
+    with pytest.raises(TypeError, match="integer_tiles_agree: features must be a dict"):
+        linalg.integer_tiles_agree("avx2")
+    with pytest.raises(TypeError, match="integer_tiles_agree: reference must be a dict"):
+        linalg.integer_tiles_agree({}, reference=["avx2"])
+    with pytest.raises(ValueError, match="unknown CPU features"):
+        linalg.integer_tiles_agree({"no_such_feature": True})
+    with pytest.raises(ValueError, match="quantize: format must be one of"):
+        linalg.integer_tiles_agree({}, formats=("float16",))
+    assert linalg.format_kernels() == before  # the CPU's kernels are back after each
 
 
 def test_prefill_gemm_and_prep_bytes_name_bad_arguments():
