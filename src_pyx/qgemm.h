@@ -481,12 +481,6 @@ static const cyf_qgemm cyf_qgemm_amx[2][4] = {
 };
 #endif
 
-#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
-#define CYF_HAVE_AVXVNNI_KERNELS 1  /* the compiler knows target("avxvnni") */
-#else
-#define CYF_HAVE_AVXVNNI_KERNELS 0
-#endif
-
 #if CYF_HAVE_AVX2_KERNELS
 /* The tile with AVX2: vpmaddubsw cannot take the codes w + 128 (a pair sum
  * of 2 * 255 * 127 saturates 16 bits), so, as the decode kernels, |w|

@@ -708,25 +708,27 @@ def _int8_variants():
         print(f"int8 AVX512-VNNI kernels not tested: kernel level {LEVEL} has none")
     else:
         out.append({"avx512_vnni": True})
+    # AVX-VNNI's kernels: on AVX-VNNI, and in AVX512-VNNI's encoding of the
+    # same instruction where the CPU has that
+    have = linalg._cpu_features()
+    if have["avx_vnni"]:
+        out.append({"avx2": True, "avx_vnni": True})
+    else:
+        print("int8 AVX-VNNI kernels not tested on AVX-VNNI: this CPU has none")
+    if have["avx_vnni_evex"]:
+        out.append({"avx2": True, "avx_vnni_evex": True})
+    else:
+        print("int8 AVX-VNNI kernels not tested in AVX512-VNNI's encoding: this CPU has no AVX512-VNNI")
     linalg.select_format_kernels()
     return out
 
 
 def _gemm_variants():
-    # the integer GEMM's variants: _int8_variants', the AVX-VNNI tile (on
-    # AVX-VNNI, and in AVX512-VNNI's encoding where the CPU has that), and
-    # with AVX512-VNNI the AMX tile, on the instructions where the CPU has
-    # them (and the OS grants their state), and always on amx.h's C model
+    # the integer GEMM's variants: _int8_variants', and with AVX512-VNNI the
+    # AMX tile, on the instructions where the CPU has them (and the OS grants
+    # their state), and always on amx.h's C model of them
     out = _int8_variants()
     have = linalg._cpu_features()
-    if have["avx_vnni"]:
-        out.append({"avx2": True, "avx_vnni": True})
-    else:
-        print("AVX-VNNI integer GEMM not tested on AVX-VNNI: this CPU has none")
-    if have["avx_vnni_evex"]:
-        out.append({"avx2": True, "avx_vnni_evex": True})
-    else:
-        print("AVX-VNNI integer GEMM not tested in AVX512-VNNI's encoding: this CPU has no AVX512-VNNI")
     if any(v.get("avx512_vnni") for v in out):
         if have["amx_int8"]:
             out.append({"avx512_vnni": True, "amx_int8": True})
