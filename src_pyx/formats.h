@@ -1371,9 +1371,11 @@ static inline int cyf_formats_select(int features)
         i8->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
         i4->dot_tp_rows = cyf_i4q_dot_tp_rows_avx2;
         i4->qgemm = &cyf_i4_qgemm_avx2;
+        cyf_formats[4].qgemm = &cyf_q80_qgemm_avx2;
         cyf_formats[5].qgemm = &cyf_q40_qgemm_avx2;
-        cyf_formats[5].kernels = "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, "
-                                 "prefill: AVX2 vpmaddubsw + vpmaddwd";
+        cyf_formats[4].kernels = cyf_formats[5].kernels =
+            "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, prefill: AVX2 "
+            "vpmaddubsw + vpmaddwd";
         i4->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
         /* vpdpbusd on 8 lanes: AVX-VNNI (32), or its EVEX form (64: tests) */
         const int v256 = CYF_HAVE_AVXVNNI_KERNELS && (features & 32) ? 0 : features & 64 ? 1 : -1;

@@ -518,6 +518,7 @@ static const cyf_qgemm cyf_qgemm_amx[2][4] = {
 
 CYF_QTILE_ENTRY(cyf_i8_qtile_avx2, "avx2,fma", cyf_qtile_avx2_, 0)
 CYF_QTILE_ENTRY(cyf_i4_qtile_avx2, "avx2,fma", cyf_qtile_avx2_, 1)
+CYF_QTILE_ENTRY(cyf_q80_qtile_avx2, "avx2,fma", cyf_qtile_avx2_, 2)  /* grouped, 32-bit sums */
 CYF_QTILE_ENTRY(cyf_i8_qtile_vnni256, "avx2,fma,avx512vnni,avx512vl", cyf_qtile_vnni256_, 0)
 CYF_QTILE_ENTRY(cyf_i4_qtile_vnni256, "avx2,fma,avx512vnni,avx512vl", cyf_qtile_vnni256_, 1)
 #if CYF_HAVE_AVXVNNI_KERNELS
@@ -529,6 +530,7 @@ static const cyf_qgemm cyf_i8_qgemm_avx2 = {cyf_i8_qtile_avx2, cyf_i8_qpack_t, C
 static const cyf_qgemm cyf_i4_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_i4_qpack_t, CYF_QMR};
 /* q4_0's codes fit int4's 16-bit block sums; q8_0's do not (|w| up to 127) */
 static const cyf_qgemm cyf_q40_qgemm_avx2 = {cyf_i4_qtile_avx2, cyf_q40_qpack_t, CYF_QMR};
+static const cyf_qgemm cyf_q80_qgemm_avx2 = {cyf_q80_qtile_avx2, cyf_q80_qpack_t, CYF_QMR};
 /* [variant][format]: AVX-VNNI, its EVEX form (tests); int8, int4, q8_0, q4_0
  * (vpdpbusd's int32 lanes take q8_0's codes too).  The generic packers: an
  * AVX-VNNI CPU may have no AVX-512. */

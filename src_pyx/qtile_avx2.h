@@ -67,13 +67,15 @@ static inline void CYF_Q2_TILE_(float *c, const signed char *q, const float *d, 
                         int v;
                         memcpy(&v, qr[r] + b * CYF_QB + 4 * g, 4);
                         const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(v), ws);
-                        /* int4: |w| <= 8, so the block's 8 pair sums per 16-bit lane add to
-                         * at most 8 * 2 * 8 * 127 < 2^15: one vpmaddwd per block */
-                        s[r] = grouped ? _mm256_add_epi16(s[r], _mm256_maddubs_epi16(wa, qs))
-                                       : _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, qs), ones));
+                        /* int4 and q4_0 (grouped 1): |w| <= 8, so the block's 8 pair sums per
+                         * 16-bit lane add to at most 8 * 2 * 8 * 127 < 2^15: one vpmaddwd per
+                         * block; int8 and q8_0 (grouped 0, 2) widen every step */
+                        s[r] = grouped == 1
+                                   ? _mm256_add_epi16(s[r], _mm256_maddubs_epi16(wa, qs))
+                                   : _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, qs), ones));
                     }
                 }
-                if (grouped) {
+                if (grouped == 1) {
 #pragma GCC unroll 6
                     for (int r = 0; r < CYF_QMR; r++)
                         s[r] = _mm256_madd_epi16(s[r], ones);
