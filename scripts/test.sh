@@ -63,15 +63,17 @@ fi
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$ROOT/$WHEEL"
 
 # The full suite below runs the best kernel level this CPU has; the kernel,
-# decode-step and backend tests also run at every other level it can run
-# (the levels differ in tile sizes, so each has its own edge cases).
+# format, decode-step and backend tests also run at every other level it can
+# run (the levels differ in tile sizes and in which kernels each format has,
+# so each has its own edge cases).
 LEVELS=$("$VENV/bin/python" -c "import cyformer; i = cyformer.build_info()
 print(' '.join(lv for lv in i['isa_levels_built'] if lv != i['isa'] and lv[1:].isdigit()
                and int(lv[1:]) <= i['cpu_x86_level']))")
 for LV in $LEVELS; do
     echo "kernel level $LV:"
     CYFORMER_ISA=$LV "$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" \
-        "$ROOT/tests/test_kernels.py" "$ROOT/tests/test_decode.py" "$ROOT/tests/test_backends.py"
+        "$ROOT/tests/test_kernels.py" "$ROOT/tests/test_formats.py" "$ROOT/tests/test_decode.py" \
+        "$ROOT/tests/test_backends.py"
     CYFORMER_ISA=$LV "$VENV/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$ROOT" \
         "$ROOT/tests/test_llama.py" -k "logits_match or backends_agree or decode_steps"
 done
