@@ -160,6 +160,13 @@ static void cyf_i4_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t 
  * never depend on how the rows were split. */
 #define CYF_QB 32
 
+/* Below max|x| of about 3.7e-37, 1 / d overflows float32, so the codes of a
+ * block that small are taken as rint((x * 2^64) * (1 / (d * 2^64))): where
+ * 1 / d is finite this is x * (1 / d) bit for bit (scaling by a power of two
+ * is exact and commutes with the roundings), and where it is not, the codes
+ * are what they would be with an unbounded exponent. */
+#define CYF_Q8_SCALE_UP(d) ((d) < 0x1p-120f ? 0x1p64f : 1.0f)
+
 /* q[0:CYF_QB] and the returned d of x[0:n], n <= CYF_QB (q zero past n).
  * A block with a NaN or infinity gets d = NaN and q = 0, so its outputs are NaN. */
 static inline float cyf_q8_block(const float *x, ptrdiff_t n, signed char *q)
@@ -174,9 +181,9 @@ static inline float cyf_q8_block(const float *x, ptrdiff_t n, signed char *q)
     memset(q, 0, CYF_QB);
     if (!finite)
         return __builtin_nanf("");
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = amax / 127.0f, s = CYF_Q8_SCALE_UP(d), id = d != 0.0f ? 1.0f / (d * s) : 0.0f;
     for (ptrdiff_t i = 0; i < n; i++) {
-        float v = __builtin_rintf(x[i] * id);
+        float v = __builtin_rintf(x[i] * s * id);
         v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
         q[i] = (signed char)v;
     }
@@ -520,10 +527,13 @@ static inline void cyf_q4_row_t_vnni(const float *x, ptrdiff_t K, signed char *q
                 d = __builtin_nanf("");
             } else if (n > 0) {
                 d = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) / 127.0f;
-                const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-                /* rint, then clamped with a NaN kept NaN (code 0), as cyf_q8_block does */
-                const __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(v0, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                const __m512 r1 = _mm512_roundscale_ps(_mm512_mul_ps(v1, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                const float up = CYF_Q8_SCALE_UP(d);
+                const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / (d * up) : 0.0f), s = _mm512_set1_ps(up);
+                /* rint, then clamped, as cyf_q8_block does */
+                const __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(v0, s), id),
+                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                const __m512 r1 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(v1, s), id),
+                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
                 q0 = _mm512_cvtps_epi32(_mm512_max_ps(lo, _mm512_min_ps(hi, r0)));
                 q1 = _mm512_cvtps_epi32(_mm512_max_ps(lo, _mm512_min_ps(hi, r1)));
             }

@@ -764,6 +764,48 @@ def test_q8_activation_rule():
     assert list(q[0, :4]) == [127, 0, 0, 2] and d[0] == 1.0
     assert np.isnan(d[1]) and not q[1].any()
     assert d[2] == 0 and not q[2].any()  # all zeros (and the zero padding past 70)
+    # a block whose max|x| is so small that 1 / d overflows float32: its codes
+    # are still x / d rounded, and larger blocks' codes are unchanged
+    t = np.zeros(64, np.float32)
+    t[:4] = [1e-38, 5e-39, -1e-38, 3e-40]
+    t[32:36] = [1e-30, 2.5e-31, -7e-31, 0.0]
+    q, d = q8_activations(t)
+    assert np.isfinite(d).all() and d[0] > 0 and np.isinf(np.float32(1) / d[0])
+    assert list(q[0, :4]) == [127, 63, -127, 4] and not q[0, 4:].any()  # 5e-39 / d = 63.4998
+    assert list(q[1, :4]) == [127, 32, -89, 0]
+    np.testing.assert_allclose(q[0, :4] * d[0].astype(np.float64), t[:4], rtol=0, atol=0.5 * float(d[0]) * 1.01)
+
+
+@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True, ids=_variant_id)
+@pytest.mark.parametrize("fmt", ["int8", "int4", "q8_0", "q4_0"])
+def test_tiny_activation_blocks_are_quantized_as_the_reference(rng, int8_variant, fmt):
+    # rows whose blocks have max|x| below 3.7e-37 (1 / d overflows float32):
+    # decode, the batched rows and prefill give the references' bits, finite
+    from cyformer.backends.numpy_ref import q4_matvec_t, q8_0_matvec, q4_0_matvec, q8_matvec_t
+    linalg.select_format_kernels(int8_variant)
+    K, N = 256, 40
+    W = quantize(rng.standard_normal((N, K)).astype(np.float32), fmt, transposed=True)
+    x = rng.standard_normal((6, K)).astype(np.float32)
+    x[0] *= 1e-38
+    x[1, :100] *= 1e-39
+    x[2, 32:64] = 2e-45  # the least denormal, a whole block of it
+    ref = {"int8": lambda r: q8_matvec_t(r, W.data, W.scale), "int4": lambda r: q4_matvec_t(r, W.data, W.scale),
+           "q8_0": lambda r: q8_0_matvec(r, W.data), "q4_0": lambda r: q4_0_matvec(r, W.data)}[fmt]
+    want = np.stack([ref(r) for r in x])
+    assert np.isfinite(want).all()
+    got = linalg.linear_forward(x[:1], W, w_transposed=True)
+    np.testing.assert_array_equal(got.view(np.uint32), want[:1].view(np.uint32))
+    got = linalg.matvec_rows(x, W, w_transposed=True)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    big = linalg.linear_forward(x, W, w_transposed=True)  # prefill
+    assert np.isfinite(big).all()
+    exact = x.astype(np.float64) @ W.dequantize().T.astype(np.float64)
+    for b, w, e in zip(big, want, exact):
+        if linalg.integer_gemm(fmt):  # the same products in another float order: a few ulps of the largest
+            np.testing.assert_allclose(b, w, rtol=0, atol=1e-5 * np.abs(w).max())
+        else:  # float32 activations: within the int8 activations' error of decode
+            np.testing.assert_allclose(b, e, rtol=0, atol=1e-5 * np.abs(e).max())
+            np.testing.assert_allclose(w, e, rtol=0, atol=0.05 * np.abs(e).max())
 
 
 @pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,

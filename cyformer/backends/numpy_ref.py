@@ -49,7 +49,9 @@ def q8_activations(x):
     """x [K] float32 -> (codes int32 [nblk, 32], scales float32 [nblk]): per
     block of 32 inputs d = max|x| / 127 and q = rint(x * (1 / d)) (ties to
     even) in [-127, 127], in float32; d = 0 gives q = 0, a block with a NaN
-    or infinity gets d = NaN and q = 0.  The last block is zero-padded."""
+    or infinity gets d = NaN and q = 0.  The last block is zero-padded.
+    Where 1 / d would overflow (d < 2^-120), x and d are scaled by 2^64
+    first: the same codes wherever 1 / d is finite, sensible ones where not."""
     x = np.asarray(x, dtype=F32)
     K = x.shape[0]
     nblk = -(-K // Q8_BLOCK)
@@ -59,9 +61,11 @@ def q8_activations(x):
     finite = np.isfinite(xb).all(axis=1)
     amax = np.where(finite, a.max(axis=1, initial=F32(0)), F32(0)).astype(F32)
     d = (amax / F32(127)).astype(F32)
+    up = np.where(d < F32(2.0 ** -120), F32(2.0 ** 64), F32(1)).astype(F32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0)).astype(F32)
-        q = np.clip(np.rint(np.where(finite[:, None], xb, F32(0)) * inv[:, None]), -127, 127)
+        inv = np.where(d != 0, F32(1) / np.where(d != 0, d * up, F32(1)), F32(0)).astype(F32)
+        xs = (np.where(finite[:, None], xb, F32(0)) * up[:, None]).astype(F32)
+        q = np.clip(np.rint(xs * inv[:, None]), -127, 127)
     d = np.where(finite, d, F32(np.nan)).astype(F32)
     return q.astype(np.int32), d
 
