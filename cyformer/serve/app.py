@@ -120,6 +120,30 @@ async def tokenizer_info(request: Request):
     return serving(request).tokenizer_info()
 
 
+class Waiting:
+    """The next item of an asyncio.Queue, or None after a timeout, without
+    losing a cancellation: before Python 3.12, asyncio.wait_for drops one
+    that lands as the item arrives (a shutdown's, whose request would then
+    run on to a 200 instead of its 503), so this waits with asyncio.wait
+    and keeps the pending get for the next call."""
+
+    def __init__(self, queue):
+        self.queue, self.getter = queue, None
+
+    async def next(self, timeout):
+        if self.getter is None:
+            self.getter = asyncio.ensure_future(self.queue.get())
+        done, _ = await asyncio.wait({self.getter}, timeout=timeout)
+        if not done:
+            return None
+        item, self.getter = self.getter.result(), None
+        return item
+
+    def close(self):
+        if self.getter is not None:
+            self.getter.cancel()
+
+
 async def answer(request, s: OpenAIServing, plan, chat):
     loop = asyncio.get_running_loop()
     events = asyncio.Queue()
@@ -131,18 +155,19 @@ async def answer(request, s: OpenAIServing, plan, chat):
         body = sse(s, plan, events, streams, rid, created, chat)
         return StreamingResponse(body, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    waiting = Waiting(events)
     try:
         prompt_lp = await s.echo_logprobs(plan)
         remaining = len(streams)
         while remaining:
-            try:
-                _, ev = await asyncio.wait_for(events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
+            got = await waiting.next(0.5)
+            if got is None:
                 if await request.is_disconnected():
                     return Response(status_code=499)
                 continue
-            remaining -= ev is None
+            remaining -= got[1] is None
     finally:
+        waiting.close()
         for st in streams:
             st.cancel()  # no-op for finished ones; frees the slots of a client that left
     for st in streams:
