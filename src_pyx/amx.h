@@ -1,11 +1,12 @@
 /* AMX tiles: the tile configuration, and a C model of the tile instructions
- * the integer GEMM uses (ldtilecfg, tilezero, tileloadd, tilestored,
- * tdpbsud), written from the instruction set reference's pseudocode.
+ * the GEMMs use (ldtilecfg, tilezero, tileloadd, tilestored, tdpbsud,
+ * tdpbf16ps), written from the instruction set reference's pseudocode.
  *
- * The AMX tile (qtile_amx.h) is written once against the CYF_T_* names
- * and compiled twice: with the instructions (CPUs with AMX) and with this
- * model, which any AVX-512 CPU runs, so the tile's layout, configuration
- * and arithmetic are tested bit for bit where there is no AMX.  The model
+ * The AMX tiles (qtile_amx.h, btile_amx.h) are written once against the
+ * CYF_T_* names and compiled twice: with the instructions (CPUs with AMX)
+ * and with this model, which any AVX-512 CPU runs, so each tile's layout,
+ * configuration and arithmetic are tested bit for bit where there is no
+ * AMX.  The model
  * also checks what the hardware faults on (a bad palette, shapes that do
  * not chain) and flags it, so a configuration error fails a test instead of
  * waiting for a machine that has the instructions. */
@@ -77,18 +78,26 @@ static inline void cyf_amx_model_store(cyf_amx_model *m, int t, void *base, ptrd
         memcpy((unsigned char *)base + r * stride, m->t[t][r], m->cfg.colsb[t]);
 }
 
+/* A product's tiles: three distinct configured tiles whose shapes chain (a
+ * and c the same rows, a's dwords b's rows, b and c the same columns);
+ * flags a fault otherwise. */
+static inline int cyf_amx_model_chain_ok(cyf_amx_model *m, int c, int a, int b)
+{
+    const int ok = cyf_amx_model_tile_ok(m, c) && cyf_amx_model_tile_ok(m, a) && cyf_amx_model_tile_ok(m, b)
+                   && c != a && c != b && a != b && m->cfg.rows[c] == m->cfg.rows[a] && m->cfg.colsb[a] % 4 == 0
+                   && m->cfg.colsb[a] / 4 == m->cfg.rows[b] && m->cfg.colsb[c] == m->cfg.colsb[b]
+                   && m->cfg.colsb[c] % 4 == 0;
+    m->bad |= !ok;
+    return ok;
+}
+
 /* tdpbsud c += a (signed bytes) . b (unsigned bytes): for each row i of c
  * and dword j, the dot products of a's row i, 4 bytes at a time, with the
- * dwords j of b's rows, added in 32 bits.  The shapes must chain: a and c
- * the same rows, a's dwords b's rows, b and c the same columns. */
+ * dwords j of b's rows, added in 32 bits. */
 static inline void cyf_amx_model_dpbsud(cyf_amx_model *m, int c, int a, int b)
 {
-    if (!cyf_amx_model_tile_ok(m, c) || !cyf_amx_model_tile_ok(m, a) || !cyf_amx_model_tile_ok(m, b)
-        || c == a || c == b || a == b || m->cfg.rows[c] != m->cfg.rows[a] || m->cfg.colsb[a] % 4
-        || m->cfg.colsb[a] / 4 != m->cfg.rows[b] || m->cfg.colsb[c] != m->cfg.colsb[b] || m->cfg.colsb[c] % 4) {
-        m->bad = 1;
+    if (!cyf_amx_model_chain_ok(m, c, a, b))
         return;
-    }
     for (int i = 0; i < m->cfg.rows[c]; i++)
         for (int k = 0; k < m->cfg.colsb[a] / 4; k++)
             for (int j = 0; j < m->cfg.colsb[c] / 4; j++) {
@@ -96,6 +105,51 @@ static inline void cyf_amx_model_dpbsud(cyf_amx_model *m, int c, int a, int b)
                 memcpy(&s, &m->t[c][i][4 * j], 4);
                 for (int e = 0; e < 4; e++)
                     s += (unsigned int)((int)(signed char)m->t[a][i][4 * k + e] * (int)m->t[b][k][4 * j + e]);
+                memcpy(&m->t[c][i][4 * j], &s, 4);
+            }
+}
+
+/* bf16 -> float32 with a denormal read as zero (of its sign) */
+static inline float cyf_amx_model_bf16(const unsigned char *p)
+{
+    unsigned int u = (unsigned int)p[0] | (unsigned int)p[1] << 8;
+    if ((u & 0x7F80u) == 0)
+        u &= 0x8000u;
+    u <<= 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* c + a * b rounded once (nearest even), a denormal result flushed to zero */
+static inline float cyf_amx_model_fma_ftz(float a, float b, float c)
+{
+    float v = __builtin_fmaf(a, b, c);
+    unsigned int u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7F800000u) == 0)
+        u &= 0x80000000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+/* tdpbf16ps c += a . b on bf16 pairs: for each row i of c and dword j, for
+ * each dword k of a's row in order, the even products then the odd ones
+ * (a's pair k times b's row k, pair j), each added into c's float32 with
+ * one rounding, bf16 denormals read as zero and denormal results flushed
+ * (the reference's pseudocode). */
+static inline void cyf_amx_model_dpbf16ps(cyf_amx_model *m, int c, int a, int b)
+{
+    if (!cyf_amx_model_chain_ok(m, c, a, b))
+        return;
+    for (int i = 0; i < m->cfg.rows[c]; i++)
+        for (int k = 0; k < m->cfg.colsb[a] / 4; k++)
+            for (int j = 0; j < m->cfg.colsb[c] / 4; j++) {
+                float s;
+                memcpy(&s, &m->t[c][i][4 * j], 4);
+                for (int e = 0; e < 2; e++)
+                    s = cyf_amx_model_fma_ftz(cyf_amx_model_bf16(&m->t[a][i][4 * k + 2 * e]),
+                                              cyf_amx_model_bf16(&m->t[b][k][4 * j + 2 * e]), s);
                 memcpy(&m->t[c][i][4 * j], &s, 4);
             }
 }

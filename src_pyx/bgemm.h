@@ -39,7 +39,9 @@ typedef struct cyf_bgemm {
      * <= CYF_BMR: xp the rows' np pairs, ldx apart; bpp pairs per run */
     void (*tile)(float *c, const unsigned int *xp, ptrdiff_t ldx, int rows, const unsigned int *strip, ptrdiff_t np,
                  int bpp);
+    int mr;  /* the most rows the tile takes in one call: CYF_BMR, or CYF_AMR with AMX */
 } cyf_bgemm;
+#define CYF_BMR_MAX 16  /* the most rows any tile takes (the driver's tile buffer) */
 
 #if CYF_HAVE_BF16DP_KERNELS
 /* Packing W [N, K]: 16 outputs by 16 pairs at a time, each output's 16
@@ -129,7 +131,52 @@ static void cyf_bf16_btile(float *c, const unsigned int *xp, ptrdiff_t ldx, int 
     cyf_btile_(c, xp, ldx, rows, strip, np, bpp);
 }
 
-static const cyf_bgemm cyf_bf16_bgemm = {cyf_bf16_bpack_t, cyf_bf16_btile};
+static const cyf_bgemm cyf_bf16_bgemm = {cyf_bf16_bpack_t, cyf_bf16_btile, CYF_BMR};
+
+/* ---- The tile with AMX (btile_amx.h): its model, then the instructions -- */
+#include "amx.h"
+/* tiles 0, 1: sums; 2: x's pairs; 3, 4: the strip's halves; npairs per step */
+static inline void cyf_btile_amx_cfg_(cyf_tilecfg *cfg, int rows, int npairs)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->palette = 1;
+    cfg->rows[0] = cfg->rows[1] = cfg->rows[2] = (unsigned char)rows;  /* sums: rows x 16 outputs; x's pairs */
+    cfg->colsb[0] = cfg->colsb[1] = 64;
+    cfg->colsb[2] = (unsigned short)(4 * npairs);
+    cfg->rows[3] = cfg->rows[4] = (unsigned char)npairs;               /* the strip's halves */
+    cfg->colsb[3] = cfg->colsb[4] = 64;
+}
+
+#define CYF_AMX_MODEL 1
+#include "amx_ops.h"
+#define CYF_AMX_TILE_ cyf_btile_amx_model_
+#include "btile_amx.h"
+#undef CYF_AMX_TILE_
+#undef CYF_AMX_MODEL
+#define CYF_AMX_MODEL 0
+#include "amx_ops.h"
+#define CYF_AMX_TILE_ cyf_btile_amx_
+#include "btile_amx.h"
+#undef CYF_AMX_TILE_
+#undef CYF_AMX_MODEL
+
+__attribute__((target("avx512f")))
+static void cyf_bf16_btile_amx(float *c, const unsigned int *xp, ptrdiff_t ldx, int rows, const unsigned int *strip,
+                               ptrdiff_t np, int bpp)
+{
+    cyf_btile_amx_(c, xp, ldx, rows, strip, np, bpp);
+}
+
+__attribute__((target("avx512f")))
+static void cyf_bf16_btile_amx_model(float *c, const unsigned int *xp, ptrdiff_t ldx, int rows,
+                                     const unsigned int *strip, ptrdiff_t np, int bpp)
+{
+    cyf_btile_amx_model_(c, xp, ldx, rows, strip, np, bpp);
+}
+
+/* AMX, its model (tests); the AVX512-BF16 packer: the same strips */
+static const cyf_bgemm cyf_bf16_bgemm_amx[2] = {{cyf_bf16_bpack_t, cyf_bf16_btile_amx, CYF_AMR},
+                                                {cyf_bf16_bpack_t, cyf_bf16_btile_amx_model, CYF_AMR}};
 #endif
 
 #endif

@@ -1274,6 +1274,16 @@ static inline int cyf_formats_select_bf16(int features)
         bf->dot_tp_rows = cyf_bf16dp_dot_tp_rows;
         bf->bgemm = &cyf_bf16_bgemm;
         bf->kernels = "bf16 activations in decode and prefill, AVX512-BF16 vdpbf16ps";
+        /* prefill on AMX-BF16 (128), or on its model (16: tests) */
+        const int amx = features & 128 ? 0 : features & 16 ? 1 : -1;
+        if (amx >= 0) {
+            bf->bgemm = &cyf_bf16_bgemm_amx[amx];
+            bf->kernels = amx ? "bf16 activations in decode and prefill; decode: AVX512-BF16 vdpbf16ps, prefill: a C "
+                                "model of AMX tdpbf16ps (tests)"
+                              : "bf16 activations in decode and prefill; decode: AVX512-BF16 vdpbf16ps, prefill: AMX "
+                                "tdpbf16ps";
+            return 2 | (amx ? 16 : 128);
+        }
 #endif
         return 2;
     }
@@ -1330,7 +1340,8 @@ static inline void cyf_q80_select(int vnni)
  * 4: AVX2 and FMA, x86-64-v3; with AVX512-VNNI, 8: AMX-INT8 granted by the
  * OS, 16: the C model of AMX instead, which tests choose; with AVX2 and no
  * AVX512-VNNI, 32: AVX-VNNI, 64: its tile in AVX512-VNNI's encoding, which
- * tests choose).
+ * tests choose; with AVX512-BF16, 128: AMX-BF16 granted by the OS, 16 its
+ * model too).
  * Called once at import (and by tests, to run every variant); returns the
  * bits used. */
 static inline int cyf_formats_select(int features)

@@ -30,6 +30,7 @@ cdef extern from "formats.h" nogil:
                        Py_ssize_t pw) noexcept nogil  # for W [N, K]
         void (*tile)(float* c, const unsigned int* xp, Py_ssize_t ldx, int rows, const unsigned int* strip,
                      Py_ssize_t np, int bpp) noexcept nogil
+        int mr  # the most rows of x one tile call takes
     ctypedef struct cyf_format:
         const char* name
         const char* kernels
@@ -62,7 +63,8 @@ cdef extern from "formats.h" nogil:
     int CYF_NFORMATS
     int cyf_formats_select(int features)
     const cyf_format* cyf_format_at(int code)
-    enum: CYF_QB, CYF_QMR_MAX, CYF_QNR, CYF_BMR, CYF_BNR, CYF_HAVE_VNNI_KERNELS, CYF_HAVE_AVXVNNI_KERNELS
+    enum: CYF_QB, CYF_QMR_MAX, CYF_QNR, CYF_BMR_MAX, CYF_BNR, CYF_HAVE_VNNI_KERNELS, CYF_HAVE_AVXVNNI_KERNELS
+    enum: CYF_HAVE_BF16DP_KERNELS
     Py_ssize_t cyf_bstrip_words(Py_ssize_t K)
     void cyf_bf16_pairs_of(const float* x, Py_ssize_t n, unsigned int* xp, Py_ssize_t npad)
     Py_ssize_t cyf_qstrip_bytes(Py_ssize_t K)

@@ -86,7 +86,7 @@ cdef Py_ssize_t gemv_acc_size(Py_ssize_t B, Py_ssize_t K) noexcept nogil:
 
 
 cdef inline Py_ssize_t _bgemm_thread_scratch(Py_ssize_t K) noexcept nogil:
-    return _lines(GEMM_NC // CYF_BNR * cyf_bstrip_words(K) * 4) + CYF_BMR * CYF_BNR  # a packed panel, one tile
+    return _lines(GEMM_NC // CYF_BNR * cyf_bstrip_words(K) * 4) + CYF_BMR_MAX * CYF_BNR  # a packed panel, one tile
 
 
 cdef inline Py_ssize_t _bgemm_rows_scratch(Py_ssize_t T, Py_ssize_t K) noexcept nogil:
@@ -275,7 +275,7 @@ cdef void _gemm_b(float* out, const float* x, Wt W, const float* b,
     # The bfloat16 GEMM of a format with a bgemm (bgemm.h), _gemm_q's shape:
     # every row of x rounded once to bf16 pairs as decode does (rows split
     # over threads), then _gemm's panels, each packed into pair strips
-    # (from W [K, N] or [N, K]), and tiles of CYF_BMR rows whose sums are
+    # (from W [K, N] or [N, K]), and tiles of g.mr rows whose sums are
     # the matrix-vector path's (partial sums over GEMV_ROWS inputs, added in
     # order), then _finish.
     cdef const cyf_bgemm* g = W.f.bgemm
@@ -299,9 +299,9 @@ cdef void _gemm_b(float* out, const float* x, Wt W, const float* b,
             pw = _gemm_panel_width(n0, N)
             nstr = (pw + CYF_BNR - 1) // CYF_BNR
             g.pack_t(panel, &W, K, N, n0, pw)
-            for tt in range((T + CYF_BMR - 1) // CYF_BMR):
-                t0 = tt * CYF_BMR
-                rows = <int>(T - t0 if T - t0 < CYF_BMR else CYF_BMR)
+            for tt in range((T + g.mr - 1) // g.mr):
+                t0 = tt * g.mr
+                rows = <int>(T - t0 if T - t0 < g.mr else g.mr)
                 for si in range(nstr):
                     ns0 = n0 + si * CYF_BNR
                     nw = N - ns0 if N - ns0 < CYF_BNR else CYF_BNR
@@ -675,9 +675,9 @@ _check_format_table()
 # run on amx.h's C model of the instructions, and avx_vnni_evex, the
 # AVX-VNNI tile with AVX512-VNNI's encoding of vpdpbusd.
 _FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2, "avx2": 4, "amx_int8": 8, "amx_model": 16,
-                 "avx_vnni": 32, "avx_vnni_evex": 64}
+                 "avx_vnni": 32, "avx_vnni_evex": 64, "amx_bf16": 128}
 _TEST_ONLY = ("amx_model", "avx_vnni_evex")
-_AMX_OFF = False  # set when this CPU's AMX failed the check at import (_check_amx)
+_AMX_OFF = set()  # this CPU's AMX features that failed the check at import (_check_amx)
 
 
 def _cpu_features():
@@ -691,6 +691,7 @@ def _cpu_features():
     return dict(f, avx2=level >= 3, avx_vnni=f["avx_vnni"] and level >= 3 and bool(CYF_HAVE_AVXVNNI_KERNELS),
                 avx_vnni_evex=f["avx512_vnni"] and level >= 4,
                 amx_int8=f["amx_int8"] and f["amx_tile"] and f["amx_os"] and vnni_built,
+                amx_bf16=f["amx_bf16"] and f["amx_tile"] and f["amx_os"] and bool(CYF_HAVE_BF16DP_KERNELS),
                 amx_model=vnni_built and f["avx512_vnni"])
 
 
@@ -701,7 +702,8 @@ def select_format_kernels(features=None):
     has.  Returns the features used."""
     have = _cpu_features()
     if features is None:
-        features = dict(have, amx_int8=have["amx_int8"] and not _AMX_OFF, **dict.fromkeys(_TEST_ONLY, False))
+        features = dict(have, amx_int8=have["amx_int8"] and "amx_int8" not in _AMX_OFF,
+                        amx_bf16=have["amx_bf16"] and "amx_bf16" not in _AMX_OFF, **dict.fromkeys(_TEST_ONLY, False))
     if not isinstance(features, dict):
         raise TypeError(f"select_format_kernels: features must be a dict of feature name -> bool, "
                         f"got {type(features).__name__}")
@@ -988,20 +990,48 @@ def integer_tiles_agree(features, reference=None, formats=("int8", "int4", "q8_0
         select_format_kernels()
 
 
-def _check_amx():
-    # The AMX tile is tested bit for bit on its C model wherever AMX is
-    # missing; on a CPU that runs it, the first import also checks the
-    # instructions against the VNNI tile, and leaves AMX unused (with a
-    # warning) if they differ, rather than give other numbers.
-    global _AMX_OFF
-    if not select_format_kernels()["amx_int8"]:
-        return
-    if not integer_tiles_agree(dict(_cpu_features(), **dict.fromkeys(_TEST_ONLY, False))):
-        import warnings
-        _AMX_OFF = True
+def bf16_tile_matches_reference(features):
+    """True when the bfloat16 GEMM chosen by ``features`` (as for
+    select_format_kernels) gives the bits of its numpy_ref reference
+    (bf16amx_gemm for an AMX tile, bf16dp_gemm for AVX512-BF16) for a small
+    prefill: 21 rows, K odd (a last step of fewer than 16 pairs), ragged
+    outputs.  Leaves the CPU's default kernels selected."""
+    from cyformer.backends import numpy_ref
+    if not isinstance(features, dict):
+        raise TypeError(f"bf16_tile_matches_reference: features must be a dict of feature name -> bool, "
+                        f"got {type(features).__name__}")
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((21, 99)).astype(np.float32)
+    W = _formats.quantize(rng.standard_normal((45, 99)).astype(np.float32), "bfloat16", transposed=True)
+    try:
+        used = select_format_kernels(features)
+        if not (used["amx_bf16"] or used["amx_model"] or used["avx512_bf16"]):
+            raise ValueError("bf16_tile_matches_reference: these features choose no bfloat16 GEMM")
+        ref = numpy_ref.bf16amx_gemm if used["amx_bf16"] or used["amx_model"] else numpy_ref.bf16dp_gemm
+        got = linear_forward(x, W, w_transposed=True, threads=1)
+        return np.array_equal(got.view(np.uint32), ref(x, W.data, GEMV_ROWS, transposed=True).view(np.uint32))
+    finally:
         select_format_kernels()
+
+
+def _check_amx():
+    # The AMX tiles are tested bit for bit on their C model wherever AMX is
+    # missing; on a CPU that runs them, the first import also checks the
+    # instructions (int8 against the VNNI tile, bfloat16 against its
+    # reference), and leaves AMX unused (with a warning) if they differ,
+    # rather than give other numbers.
+    import warnings
+    default = select_format_kernels()
+    plain = dict(_cpu_features(), **dict.fromkeys(_TEST_ONLY, False))
+    if default["amx_int8"] and not integer_tiles_agree(dict(plain, amx_bf16=False)):
+        _AMX_OFF.add("amx_int8")
         warnings.warn("cyformer: the AMX integer GEMM disagrees with the AVX512-VNNI one on this CPU; "
                       "prefill uses AVX512-VNNI", RuntimeWarning, stacklevel=2)
+    if default["amx_bf16"] and not bf16_tile_matches_reference(dict(plain, amx_int8=False)):
+        _AMX_OFF.add("amx_bf16")
+        warnings.warn("cyformer: the AMX bfloat16 GEMM does not give its reference's bits on this CPU; "
+                      "prefill uses AVX512-BF16", RuntimeWarning, stacklevel=2)
+    select_format_kernels()
 
 
 _check_amx()

@@ -416,56 +416,20 @@ static const cyf_qgemm cyf_q40_qgemm_vnni = {cyf_i4_qtile_vnni, cyf_q40_qpack_t_
  * The model (amx.h), with the AVX-512 the rest of this section takes: the
  * tile's code tested on CPUs without AMX; never chosen for speed. */
 #include "amx.h"
-#define CYF_T_STATE cyf_amx_model cyf_m_;
-#define CYF_T_CFG(cfg) cyf_amx_model_cfg(&cyf_m_, cfg)
-#define CYF_T_ZERO(t) cyf_amx_model_zero(&cyf_m_, t)
-#define CYF_T_LOAD(t, base, stride) cyf_amx_model_load(&cyf_m_, t, base, stride)
-#define CYF_T_STORE(t, base, stride) cyf_amx_model_store(&cyf_m_, t, base, stride)
-#define CYF_T_DP(c, a, b) cyf_amx_model_dpbsud(&cyf_m_, c, a, b)
-#define CYF_T_END                                 \
-    if (cyf_m_.bad) /* a fault on AMX: NaN here */ \
-        for (int i_ = 0; i_ < rows * CYF_QNR; i_++) \
-            acc[i_] = __builtin_nanf("");
-#define CYF_AMX_ATTR __attribute__((target("avx512vnni"), always_inline))
+#define CYF_AMX_MODEL 1
+#include "amx_ops.h"
 #define CYF_AMX_TILE_ cyf_qtile_amx_model_
 #include "qtile_amx.h"
-#undef CYF_T_STATE
-#undef CYF_T_CFG
-#undef CYF_T_ZERO
-#undef CYF_T_LOAD
-#undef CYF_T_STORE
-#undef CYF_T_DP
-#undef CYF_T_END
-#undef CYF_AMX_ATTR
 #undef CYF_AMX_TILE_
+#undef CYF_AMX_MODEL
 
-/* The instructions, written as inline assembly (AT&T operand order) rather
- * than the compilers' _tile_* macros: each says it touches memory, so the
- * compiler neither drops the configuration's stores nor moves the reads of
- * the stored sums across the tile stores.  Any assembler from binutils 2.36
- * or LLVM 12 on knows them; they run only where cyf_cpu_features found AMX
- * and the OS granted its state (cyformer._runtime). */
-#define CYF_T_STATE
-#define CYF_T_CFG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const cyf_tilecfg *)(cfg)) : "memory")
-#define CYF_T_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::: "memory")
-#define CYF_T_LOAD(t, base, stride) \
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"((long)(stride)) : "memory")
-#define CYF_T_STORE(t, base, stride) \
-    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"((long)(stride)) : "memory")
-#define CYF_T_DP(c, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::: "memory")
-#define CYF_T_END __asm__ volatile("tilerelease" ::: "memory");
-#define CYF_AMX_ATTR __attribute__((target("avx512vnni"), always_inline))
+/* The instructions themselves (amx_ops.h) */
+#define CYF_AMX_MODEL 0
+#include "amx_ops.h"
 #define CYF_AMX_TILE_ cyf_qtile_amx_
 #include "qtile_amx.h"
-#undef CYF_T_STATE
-#undef CYF_T_CFG
-#undef CYF_T_ZERO
-#undef CYF_T_LOAD
-#undef CYF_T_STORE
-#undef CYF_T_DP
-#undef CYF_T_END
-#undef CYF_AMX_ATTR
 #undef CYF_AMX_TILE_
+#undef CYF_AMX_MODEL
 
 CYF_QTILE_ENTRY(cyf_i8_qtile_amx, "avx512vnni", cyf_qtile_amx_, 0)
 CYF_QTILE_ENTRY(cyf_i4_qtile_amx, "avx512vnni", cyf_qtile_amx_, 1)

@@ -1,8 +1,7 @@
 /* The integer GEMM's tile with AMX, included twice by qgemm.h: once with
  * the tile instructions, once with amx.h's model of them (CYF_AMX_TILE_
- * names the function, CYF_T_* the instructions, CYF_T_STATE what the model
- * keeps, CYF_T_END what it reports; every CYF_T_ instruction is a compiler
- * barrier, so the sums the tile stores are read after it).
+ * names the function; amx_ops.h's CYF_T_* the instructions, each a
+ * compiler barrier, so the sums the tile stores are read after it).
  *
  * Up to CYF_AMR rows of x by a strip's 32 outputs.  Per block of CYF_QB
  * inputs, one tdpbsud per 16 outputs multiplies the rows' codes (tile 2,
@@ -13,7 +12,7 @@
  * by term (s = sum - bsum, p = fma(d or d * scale, s, p) from 0 per run of
  * bpp blocks, runs added in order), so the same bits. */
 
-CYF_AMX_ATTR
+__attribute__((target("avx512vnni"), always_inline))
 static inline void CYF_AMX_TILE_(float *c, const signed char *q, const float *d, const int *bsum, int rows,
                                  const unsigned char *strip, ptrdiff_t nblk, int bpp, int grouped)
 {
@@ -49,8 +48,8 @@ static inline void CYF_AMX_TILE_(float *c, const signed char *q, const float *d,
                 CYF_T_LOAD(2, q + b * CYF_QB, Kp);
                 CYF_T_LOAD(3, w, 4 * CYF_QNR);
                 CYF_T_LOAD(4, w + 64, 4 * CYF_QNR);
-                CYF_T_DP(0, 2, 3);
-                CYF_T_DP(1, 2, 4);
+                CYF_T_DPBSUD(0, 2, 3);
+                CYF_T_DPBSUD(1, 2, 4);
                 CYF_T_STORE(0, cs[b - c0], 4 * CYF_QNR);
                 CYF_T_STORE(1, cs[b - c0] + 16, 4 * CYF_QNR);
             }
@@ -75,6 +74,6 @@ static inline void CYF_AMX_TILE_(float *c, const signed char *q, const float *d,
                 _mm512_store_ps(acc + r * CYF_QNR + j,
                                 _mm512_add_ps(_mm512_load_ps(acc + r * CYF_QNR + j), _mm512_load_ps(p + r * CYF_QNR + j)));
     }
-    CYF_T_END
+    CYF_T_END(acc, rows * CYF_QNR)
     memcpy(c, acc, (size_t)rows * CYF_QNR * sizeof(float));
 }

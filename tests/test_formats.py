@@ -925,7 +925,7 @@ def test_int4_rows_out_non_finite_activations_give_nan(int8_variant):
         assert np.isnan(linalg.matvec_rows(x, W, w_transposed=True)).all()
 
 
-def test_amx_tile_is_never_chosen_on_its_model_and_agrees_with_every_tile():
+def test_amx_tiles_are_never_chosen_on_their_model_and_agree_with_every_tile():
     # the C model of AMX runs only when asked for; the AMX tile on it gives
     # the bits of the VNNI tile and of the generic integer loops, and the
     # check leaves this CPU's default kernels in place
@@ -948,6 +948,14 @@ def test_amx_tile_is_never_chosen_on_its_model_and_agrees_with_every_tile():
     if have["amx_int8"]:  # the instructions themselves, where they run
         assert linalg.integer_tiles_agree({"avx512_vnni": True, "amx_int8": True})
         assert default["amx_int8"], "AMX runs here but was not chosen: it failed the check at import"
+    # the bfloat16 tile: its model gives numpy_ref.bf16amx_gemm's bits (tdpbf16ps's order)
+    if have["avx512_bf16"]:
+        assert linalg.bf16_tile_matches_reference({"avx512_bf16": True, "amx_model": True})
+        assert linalg.bf16_tile_matches_reference({"avx512_bf16": True})
+        if have["amx_bf16"]:
+            assert linalg.bf16_tile_matches_reference({"avx512_bf16": True, "amx_bf16": True})
+            assert default["amx_bf16"], "AMX-BF16 runs here but was not chosen: it failed the check at import"
+    assert linalg.format_kernels() == before
 
 
 @pytest.mark.parametrize("int8_variant", _gemm_variants(), indirect=True,
@@ -1202,6 +1210,35 @@ def _bf16_variants():
 BF16_VARIANTS = _bf16_variants()
 
 
+def _bf16_gemm_variants():
+    # the bfloat16 GEMM's variants: BF16_VARIANTS, and with AVX512-BF16 the
+    # AMX tile, on the instructions where the CPU has them (and the OS grants
+    # their state), and always on amx.h's C model of them
+    out = list(BF16_VARIANTS)
+    have = linalg._cpu_features()
+    if not any(v["avx512_bf16"] for v in out):
+        print("bfloat16 AMX GEMM not tested: its tile is built with the AVX512-BF16 kernels")
+        return out
+    if have["amx_bf16"]:
+        out.append({"avx512_bf16": True, "amx_bf16": True})
+    else:
+        print("bfloat16 AMX GEMM not tested on AMX: this CPU (or its OS) has no amx_bf16; its C model is")
+    if have["amx_model"]:
+        out.append({"avx512_bf16": True, "amx_model": True})
+    return out
+
+
+BF16_GEMM_VARIANTS = _bf16_gemm_variants()
+
+
+def _bf16_gemm_ref(x, codes):
+    # the reference of the bfloat16 GEMM selected now: tdpbf16ps's order on
+    # AMX, vdpbf16ps's elsewhere; 64: linalg's GEMV_ROWS
+    from cyformer.backends.numpy_ref import bf16amx_gemm, bf16dp_gemm
+    amx = "AMX" in linalg.format_kernels()["bfloat16"]
+    return (bf16amx_gemm if amx else bf16dp_gemm)(x, codes, 64, transposed=True)
+
+
 @pytest.fixture
 def bf16_variant(request):
     linalg.select_format_kernels(request.param)
@@ -1210,6 +1247,8 @@ def bf16_variant(request):
 
 
 def _bf16_ids(v):
+    if v.get("amx_bf16") or v.get("amx_model"):
+        return "amx" if v.get("amx_bf16") else "amx-model"
     return "vdpbf16ps" if v["avx512_bf16"] else "widened"
 
 
@@ -1338,12 +1377,13 @@ def test_bfloat16_decode_same_at_every_thread_count_and_batched(bf16_variant):
         assert np.array_equal(got[n], be.run(tokens[n:n + 1], kv)[0])
 # -- the bfloat16 GEMM (prefill, 4 or more rows): with AVX512-BF16, bf16
 # activations and vdpbf16ps on pair-interleaved strips (bgemm.h), bit for bit
-# backends/numpy_ref's bf16dp_gemm; without it, float32 panels ---------------
+# backends/numpy_ref's bf16dp_gemm (AMX's tdpbf16ps: bf16amx_gemm); without
+# it, float32 panels ----------------------------------------------------------
 
-@pytest.mark.parametrize("bf16_variant", BF16_VARIANTS, indirect=True, ids=_bf16_ids)
+@pytest.mark.parametrize("bf16_variant", BF16_GEMM_VARIANTS, indirect=True, ids=_bf16_ids)
 @pytest.mark.parametrize("transposed", [False, True], ids=["KN", "NK"])
 @pytest.mark.parametrize("T, K, N", [(4, 1, 5), (7, 31, 70), (23, 33, 129), (4, 64, 32), (23, 95, 200),
-                                     (7, 768, 300), (600, 95, 161)])
+                                     (19, 99, 45), (7, 768, 300), (600, 95, 161)])
 def test_bfloat16_gemm(rng, bf16_variant, transposed, T, K, N):
     """x [T, K] @ W, W [K, N] or [N, K] (K odd, K < 32, N no multiple of a
     strip's 32 outputs): vdpbf16ps bitwise the reference, the same bits at
@@ -1352,7 +1392,6 @@ def test_bfloat16_gemm(rng, bf16_variant, transposed, T, K, N):
     |x| . |w| + 1e-6 (2^-8 bounds x's rounding to bf16; 1e-6 covers the
     flushed tiny row, checked bitwise above), and a normal row allclose to
     x @ W at atol 0.02 sqrt(K), about 10x x's rounding for unit x and w."""
-    from cyformer.backends.numpy_ref import bf16dp_gemm
     assert linalg.prefill_gemm("bfloat16", transposed) == ("bfloat16" if bf16_variant else "float32")
     W = _bf16_weights(rng, (N, K) if transposed else (K, N), transposed)
     x = rng.standard_normal((T, K)).astype(np.float32)
@@ -1362,7 +1401,7 @@ def test_bfloat16_gemm(rng, bf16_variant, transposed, T, K, N):
     got = [linalg.linear_forward(x, W, w_transposed=transposed, threads=n) for n in (1, 2, 3)]
     assert all(np.array_equal(got[0], g) for g in got[1:]), "thread counts differ"
     if bf16_variant:
-        _assert_same_bits(got[0], bf16dp_gemm(x, W.data, 64, transposed=True))  # 64: linalg's GEMV_ROWS
+        _assert_same_bits(got[0], _bf16_gemm_ref(x, W.data))
     Wd = W.dequantize().astype(np.float64)
     Wd = Wd.T if transposed else Wd
     ref = x.astype(np.float64) @ Wd
@@ -1371,14 +1410,13 @@ def test_bfloat16_gemm(rng, bf16_variant, transposed, T, K, N):
     np.testing.assert_allclose(got[0][0], ref[0], rtol=2e-2, atol=2e-2 * np.sqrt(K))
 
 
-@pytest.mark.parametrize("bf16_variant", BF16_VARIANTS, indirect=True, ids=_bf16_ids)
+@pytest.mark.parametrize("bf16_variant", BF16_GEMM_VARIANTS, indirect=True, ids=_bf16_ids)
 @pytest.mark.parametrize("transposed", [False, True], ids=["KN", "NK"])
 def test_bfloat16_gemm_rows_are_decode_rows_and_epilogue(rng, bf16_variant, transposed):
     """Each row of the GEMM is the matrix-vector path's row up to the order
     of float32 additions (decode sums 16 lanes a row, the GEMM runs of 64
     inputs); the epilogue (bias, GELU, accumulate) is applied to the
     finished sums as in float32."""
-    from cyformer.backends.numpy_ref import bf16dp_gemm
     K, N, T = 130, 97, 9
     W = _bf16_weights(rng, (N, K) if transposed else (K, N), transposed)
     x = rng.standard_normal((T, K)).astype(np.float32)
@@ -1396,10 +1434,10 @@ def test_bfloat16_gemm_rows_are_decode_rows_and_epilogue(rng, bf16_variant, tran
     np.testing.assert_allclose(gelu, 0.5 * got * (1 + np.tanh(0.7978845608 * (got + 0.044715 * got ** 3))),
                                rtol=1e-5, atol=1e-6)
     if bf16_variant:
-        _assert_same_bits(got, bf16dp_gemm(x, W.data, 64, transposed=True) + b)
+        _assert_same_bits(got, _bf16_gemm_ref(x, W.data) + b)
 
 
-@pytest.mark.parametrize("bf16_variant", BF16_VARIANTS, indirect=True, ids=_bf16_ids)
+@pytest.mark.parametrize("bf16_variant", BF16_GEMM_VARIANTS, indirect=True, ids=_bf16_ids)
 @pytest.mark.parametrize("transposed", [False, True], ids=["KN", "NK"])
 def test_bfloat16_gemm_non_finite_row_spoils_only_that_row(rng, bf16_variant, transposed):
     K, N, T = 70, 90, 23

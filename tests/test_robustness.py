@@ -594,7 +594,8 @@ def test_every_public_kernel_wrapper_is_covered():
                "attention.rope_forward",
                "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty",
                "linalg.format_kernels", "linalg.select_format_kernels", "linalg.integer_gemm",
-               "linalg.prefill_gemm", "linalg.prep_bytes", "linalg.matvec_rows", "linalg.integer_tiles_agree"}
+               "linalg.prefill_gemm", "linalg.prep_bytes", "linalg.matvec_rows", "linalg.integer_tiles_agree",
+               "linalg.bf16_tile_matches_reference"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
 
 
@@ -620,6 +621,11 @@ def test_integer_tiles_agree_names_bad_arguments():
     with pytest.raises(ValueError, match="quantize: format must be one of"):
         linalg.integer_tiles_agree({}, formats=("float16",))
     assert linalg.format_kernels() == before  # the CPU's kernels are back after each
+    with pytest.raises(TypeError, match="bf16_tile_matches_reference: features must be a dict"):
+        linalg.bf16_tile_matches_reference("amx_bf16")
+    with pytest.raises(ValueError, match="chosen no bfloat16 GEMM|choose no bfloat16 GEMM"):
+        linalg.bf16_tile_matches_reference({"avx512_bf16": False})
+    assert linalg.format_kernels() == before
 
 
 def test_prefill_gemm_and_prep_bytes_name_bad_arguments():

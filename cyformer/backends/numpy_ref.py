@@ -236,12 +236,13 @@ def bf16dp_matvec(x, codes, rows_per_block):
     return bf16dp_gemm(np.asarray(x, F32)[None], codes, rows_per_block)[0]
 
 
-def bf16dp_gemm(x, codes, rows_per_block, transposed=False):
+def bf16dp_gemm(x, codes, rows_per_block, transposed=False, even_first=False):
     """The bfloat16 prefill product x [T, K] @ W as the AVX512-BF16 GEMM
     (bgemm.h) sums it: every row as bf16dp_matvec, W [K, N] (codes uint16
     [K, N]), or, with transposed, W [N, K] stored a row per output (codes
     [N, K]) summed in the same order as its [K, N] transpose.  Returns
-    float32 [T, N]."""
+    float32 [T, N].  even_first: each pair's even product added first, as
+    AMX's tdpbf16ps does (bf16amx_gemm)."""
     from ..formats import _bfloat16
     x = np.asarray(x, F32)
     codes = codes.T if transposed else codes
@@ -254,13 +255,24 @@ def bf16dp_gemm(x, codes, rows_per_block, transposed=False):
         k1 = min(K, k0 + rows_per_block)
         part = np.zeros((x.shape[0], N), F32)                         # [T, N]
         for k in range(k0, k1, 2):
+            if even_first:
+                part = _dp_fma(part, xb[:, k:k + 1], wb[k])
             if k + 1 < k1:
                 part = _dp_fma(part, xb[:, k + 1:k + 2], wb[k + 1])
             else:
                 part = _dp_fma(part, zero, np.zeros(N))
-            part = _dp_fma(part, xb[:, k:k + 1], wb[k])
+            if not even_first:
+                part = _dp_fma(part, xb[:, k:k + 1], wb[k])
         total = part if total is None else (total + part).astype(F32)
     return np.zeros((x.shape[0], N), F32) if total is None else total
+
+
+def bf16amx_gemm(x, codes, rows_per_block, transposed=False):
+    """The bfloat16 prefill product as the AMX tile (bgemm.h) sums it:
+    bf16dp_gemm's runs and roundings, with each pair's even product added
+    before its odd one, the order of the instruction reference's pseudocode
+    for tdpbf16ps (vdpbf16ps adds the odd one first)."""
+    return bf16dp_gemm(x, codes, rows_per_block, transposed, even_first=True)
 
 
 def bf16dp_dot_t(x, codes):
