@@ -135,18 +135,6 @@ static const cyf_bgemm cyf_bf16_bgemm = {cyf_bf16_bpack_t, cyf_bf16_btile, CYF_B
 
 /* ---- The tile with AMX (btile_amx.h): its model, then the instructions -- */
 #include "amx.h"
-/* tiles 0, 1: sums; 2: x's pairs; 3, 4: the strip's halves; npairs per step */
-static inline void cyf_btile_amx_cfg_(cyf_tilecfg *cfg, int rows, int npairs)
-{
-    memset(cfg, 0, sizeof *cfg);
-    cfg->palette = 1;
-    cfg->rows[0] = cfg->rows[1] = cfg->rows[2] = (unsigned char)rows;  /* sums: rows x 16 outputs; x's pairs */
-    cfg->colsb[0] = cfg->colsb[1] = 64;
-    cfg->colsb[2] = (unsigned short)(4 * npairs);
-    cfg->rows[3] = cfg->rows[4] = (unsigned char)npairs;               /* the strip's halves */
-    cfg->colsb[3] = cfg->colsb[4] = 64;
-}
-
 #define CYF_AMX_MODEL 1
 #include "amx_ops.h"
 #define CYF_AMX_TILE_ cyf_btile_amx_model_

@@ -23,7 +23,7 @@ static inline void CYF_AMX_TILE_(float *c, const unsigned int *xp, ptrdiff_t ldx
     cyf_tilecfg cfg __attribute__((aligned(64)));
     int shape = 16;  /* the pairs per step the tiles are shaped for */
     CYF_T_STATE
-    cyf_btile_amx_cfg_(&cfg, rows, shape);
+    cyf_amx_gemm_cfg(&cfg, rows, shape);
     CYF_T_CFG(&cfg);
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < CYF_BNR; j += 16)
@@ -38,7 +38,7 @@ static inline void CYF_AMX_TILE_(float *c, const unsigned int *xp, ptrdiff_t ldx
                 CYF_T_STORE(0, run, 4 * CYF_BNR);
                 CYF_T_STORE(1, run + 16, 4 * CYF_BNR);
                 shape = n;
-                cyf_btile_amx_cfg_(&cfg, rows, shape);
+                cyf_amx_gemm_cfg(&cfg, rows, shape);
                 CYF_T_CFG(&cfg);
                 CYF_T_LOAD(0, run, 4 * CYF_BNR);
                 CYF_T_LOAD(1, run + 16, 4 * CYF_BNR);

@@ -230,6 +230,20 @@ static void cyf_i4_qtile_generic(float *c, const signed char *q, const float *d,
     cyf_qtile_generic_(c, q, d, bsum, rows, strip, nblk, bpp, 1);
 }
 
+/* The register tiles' rows: codes, scales and code sums of each of
+ * CYF_QMR rows, those past `rows` repeating the last one (their sums are
+ * computed and not stored). */
+static inline void cyf_qtile_rows_(const signed char *q, const float *d, const int *bsum, int rows, ptrdiff_t nblk,
+                                   const signed char **qr, const float **dr, const int **br)
+{
+    for (int r = 0; r < CYF_QMR; r++) {
+        const int rr = r < rows ? r : rows - 1;
+        qr[r] = q + rr * nblk * CYF_QB;
+        dr[r] = d + rr * nblk;
+        br[r] = bsum + rr * nblk;
+    }
+}
+
 static const cyf_qgemm cyf_i8_qgemm_generic = {cyf_i8_qtile_generic, cyf_i8_qpack_t, CYF_QMR};
 static const cyf_qgemm cyf_i4_qgemm_generic = {cyf_i4_qtile_generic, cyf_i4_qpack_t, CYF_QMR};
 
@@ -246,12 +260,7 @@ static inline void cyf_qtile_vnni_(float *c, const signed char *q, const float *
     const signed char *qr[CYF_QMR];
     const float *dr[CYF_QMR];
     const int *br[CYF_QMR];
-    for (int r = 0; r < CYF_QMR; r++) {
-        const int rr = r < rows ? r : rows - 1;
-        qr[r] = q + rr * Kp;
-        dr[r] = d + rr * nblk;
-        br[r] = bsum + rr * nblk;
-    }
+    cyf_qtile_rows_(q, d, bsum, rows, nblk, qr, dr, br);
     float acc[CYF_QMR * CYF_QNR] __attribute__((aligned(64)));
     const __m512 mz = _mm512_set1_ps(-0.0f);  /* -0 + p is p: the first partial as it is */
     for (int r = 0; r < CYF_QMR; r++) {

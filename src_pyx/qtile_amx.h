@@ -22,13 +22,7 @@ static inline void CYF_AMX_TILE_(float *c, const signed char *q, const float *d,
     int cs[CHUNK][CYF_AMR * CYF_QNR] __attribute__((aligned(64)));
     float acc[CYF_AMR * CYF_QNR] __attribute__((aligned(64))), p[CYF_AMR * CYF_QNR] __attribute__((aligned(64)));
     cyf_tilecfg cfg __attribute__((aligned(64)));
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    cfg.rows[0] = cfg.rows[1] = cfg.rows[2] = (unsigned char)rows;  /* sums: rows x 16 outputs; codes of x */
-    cfg.colsb[0] = cfg.colsb[1] = 64;
-    cfg.colsb[2] = CYF_QB;
-    cfg.rows[3] = cfg.rows[4] = CYF_QB / 4;                          /* the strip's halves */
-    cfg.colsb[3] = cfg.colsb[4] = 64;
+    cyf_amx_gemm_cfg(&cfg, rows, CYF_QB / 4);  /* a block of 4-code dwords per step */
     CYF_T_STATE
     CYF_T_CFG(&cfg);
     for (int r = 0; r < rows; r++)

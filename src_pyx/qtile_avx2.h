@@ -15,12 +15,7 @@ static inline void CYF_Q2_TILE_(float *c, const signed char *q, const float *d, 
     const signed char *qr[CYF_QMR];
     const float *dr[CYF_QMR];
     const int *br[CYF_QMR];
-    for (int r = 0; r < CYF_QMR; r++) {
-        const int rr = r < rows ? r : rows - 1;
-        qr[r] = q + rr * Kp;
-        dr[r] = d + rr * nblk;
-        br[r] = bsum + rr * nblk;
-    }
+    cyf_qtile_rows_(q, d, bsum, rows, nblk, qr, dr, br);
     float acc[CYF_QMR * CYF_QNR] __attribute__((aligned(32)));
 #ifndef CYF_Q2_DPBUSD
     (void)br;  /* the block sums come out whole: no correction */
