@@ -3,15 +3,20 @@ CPU feature against those chosen without it (linalg.select_format_kernels).
 
     python bench/variants.py --format bfloat16 --feature avx512_bf16
     python bench/variants.py --format int8 --feature avx512_vnni --reps 3
+    python bench/variants.py --format int8 --feature amx_int8
+    python bench/variants.py --format int8 --feature avx_vnni_evex --base avx2
 
-Kernels: one core, x [1, K] times GPT-2-small's 768x3072 and 3072x768 [K, N]
-matrices and the 50257x768 [N, K] unembedding; min of --calls calls per
-round, the variants interleaved, --rounds rounds.  Model: GPT-2-small
+Both variants have the --base features (default: every feature this CPU's
+kernels use by default, less --feature).  Kernels: one core, x [1, K] times
+GPT-2-small's 768x3072 and 3072x768 [K, N] matrices and the 50257x768
+[N, K] unembedding (decode), and x [128, K] times the first two (prefill's
+GEMM); min of --calls calls per round (the GEMM and the unembedding a
+tenth), the variants interleaved, --rounds rounds.  Model: GPT-2-small
 geometry with random weights in the format, each measurement a fresh
 process (variants interleaved, --reps repeats): decode tokens/s after a
-32-token prompt, and a batched decode step of 8 sequences (ms per step,
-the rows kernels).  Median (min-max).  Writes
-bench/results/<date>-variants-<format>-<cpu>.md.
+32-token prompt, a batched decode step of 8 sequences (ms per step, the
+rows kernels) and the prefill of a 512-token prompt (ms).  Median
+(min-max).  Writes bench/results/<date>-variants-<format>-<feature>-<cpu>.md.
 """
 
 import argparse
@@ -30,7 +35,12 @@ sys.path.insert(0, HERE)
 from run import CACHE, cpu_model, fmt  # noqa: E402
 from weights import GPT2_SMALL, make_checkpoint  # noqa: E402
 
-SHAPES = [(768, 3072, False), (3072, 768, False), (768, 50257, True)]  # (K, N, W stored [N, K])
+SHAPES = [(768, 3072, False, 1), (3072, 768, False, 1), (768, 50257, True, 1),  # (K, N, W stored [N, K], rows)
+          (768, 3072, False, 128), (3072, 768, False, 128)]
+
+
+def shape_name(K, N, t, T):
+    return f"{T}x{K} @ {K}x{N}" + (" [N, K]" if t else "")
 
 
 def kernel_times(fmt_name, variants, calls, rounds):
@@ -40,13 +50,13 @@ def kernel_times(fmt_name, variants, calls, rounds):
     rng = np.random.default_rng(0)
     out = {}
     for rnd in range(rounds):
-        for K, N, t in SHAPES:
+        for K, N, t, T in SHAPES:
             W = quantize((rng.standard_normal((N, K) if t else (K, N)) * 0.02).astype(np.float32), fmt_name,
                          transposed=t)
-            x = rng.standard_normal((1, K)).astype(np.float32)
-            y = np.empty((1, N), np.float32)
+            x = rng.standard_normal((T, K)).astype(np.float32)
+            y = np.empty((T, N), np.float32)
             ws = linalg.Workspace()
-            n = calls if N < 10000 else max(10, calls // 10)
+            n = calls if N < 10000 and T == 1 else max(10, calls // 10)
             for name, feats in variants.items():
                 linalg.select_format_kernels(feats)
                 for _ in range(3):
@@ -56,7 +66,7 @@ def kernel_times(fmt_name, variants, calls, rounds):
                     t0 = time.perf_counter()
                     linalg.linear_forward(x, W, out=y, w_transposed=t, threads=1, workspace=ws)
                     best = min(best, time.perf_counter() - t0)
-                out.setdefault((f"{K}x{N}" + (" [N, K]" if t else ""), name), []).append(best * 1e6)
+                out.setdefault((shape_name(K, N, t, T), name), []).append(best * 1e6)
     linalg.select_format_kernels()
     return out
 
@@ -87,13 +97,23 @@ def model_child(fmt_name, feats, threads, n_new):
         for kv in caches:
             kv.length += 1
     batch_ms = (time.perf_counter() - t0) / steps * 1e3
-    print(json.dumps({"tps": tps, "batch_ms": batch_ms, "kernels": linalg.format_kernels()[fmt_name]}))
+    prompt = rng.integers(0, m.config.vocab_size, size=512)
+    prefill = []
+    for _ in range(3):
+        kv = be.new_cache(512)
+        t0 = time.perf_counter()
+        be.run(prompt, kv)
+        prefill.append(time.perf_counter() - t0)
+    print(json.dumps({"tps": tps, "batch_ms": batch_ms, "prefill_ms": min(prefill) * 1e3,
+                      "kernels": linalg.format_kernels()[fmt_name]}))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--format", default="bfloat16")
     ap.add_argument("--feature", default="avx512_bf16", help="the CPU feature the variants differ by")
+    ap.add_argument("--base", default=None,
+                    help="comma-separated features both variants have (default: this CPU's, less --feature)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
@@ -105,9 +125,15 @@ def main(argv=None):
     if a.child is not None:
         return model_child(a.format, json.loads(a.child), a.threads, a.tokens)
     from cyformer import _runtime
-    if not _runtime.cpu_features().get(a.feature):
-        sys.exit(f"this CPU has no {a.feature}: nothing to compare")
-    variants = {f"without {a.feature}": {a.feature: False}, f"with {a.feature}": {a.feature: True}}
+    from cyformer.kernels import linalg
+    if not linalg._cpu_features().get(a.feature):
+        sys.exit(f"this CPU or kernel level has no {a.feature}: nothing to compare")
+    if a.base is None:
+        base = {n: on for n, on in linalg.select_format_kernels().items() if on and n != a.feature}
+    else:
+        base = {n: True for n in a.base.split(",") if n}
+    variants = {f"without {a.feature}": dict(base, **{a.feature: False}),
+                f"with {a.feature}": dict(base, **{a.feature: True})}
     names = list(variants)
     kern = kernel_times(a.format, variants, a.calls, a.rounds)
     model = {}
@@ -125,27 +151,31 @@ def main(argv=None):
              f"{cpu_model()} (x86-64-v{_runtime.x86_level()}; {flags}; {os.cpu_count()} cores); "
              f"{datetime.date.today()}; load average at the end {' '.join(load)} "
              f"(shared machine: other processes ran throughout).", "",
+             f"Both variants: {', '.join(sorted(base)) or 'no features'}.", "",
              f"Kernels: one core, min of {a.calls} calls (unembedding {max(10, a.calls // 10)}) per round, "
              f"median (min-max) of {a.rounds} rounds' minima, variants interleaved.", "",
              f"| shape | {names[0]} (us) | {names[1]} (us) | ratio |", "|---|---|---|---|"]
-    for K, N, t in SHAPES:
-        key = f"{K}x{N}" + (" [N, K]" if t else "")
+    for K, N, t, T in SHAPES:
+        key = shape_name(K, N, t, T)
         w, v = kern[(key, names[0])], kern[(key, names[1])]
         lines.append(f"| {key} | {fmt(w)} | {fmt(v)} | {np.median(w) / np.median(v):.2f}x |")
     lines += ["", f"GPT-2-small geometry, random weights in {a.format}, {a.threads} threads, a fresh process per "
               f"measurement, variants interleaved, {a.reps} repeats, median (min-max): decode of {a.tokens} "
-              f"tokens after a 32-token prompt; one batched decode step of 8 sequences.", "",
-              "| variant | kernels | decode tokens/s | batch-8 step (ms) |", "|---|---|---|---|"]
+              f"tokens after a 32-token prompt; one batched decode step of 8 sequences; the prefill of a "
+              f"512-token prompt (min of 3 per process).", "",
+              "| variant | kernels | decode tokens/s | batch-8 step (ms) | prefill 512 (ms) |", "|---|---|---|---|---|"]
     for name in names:
         rs = model[name]
         lines.append(f"| {name} | {rs[0]['kernels']} | {fmt([r['tps'] for r in rs])} | "
-                     f"{fmt([r['batch_ms'] for r in rs], digits=2)} |")
+                     f"{fmt([r['batch_ms'] for r in rs], digits=2)} | {fmt([r['prefill_ms'] for r in rs])} |")
     t0, t1 = (np.median([r["tps"] for r in model[n]]) for n in names)
     b0, b1 = (np.median([r["batch_ms"] for r in model[n]]) for n in names)
-    lines += ["", f"Decode {t1 / t0:.2f}x, batch-8 step {b0 / b1:.2f}x with {a.feature} (medians)."]
+    p0, p1 = (np.median([r["prefill_ms"] for r in model[n]]) for n in names)
+    lines += ["", f"Decode {t1 / t0:.2f}x, batch-8 step {b0 / b1:.2f}x, prefill {p0 / p1:.2f}x with {a.feature} "
+              f"(medians)."]
     text = "\n".join(lines) + "\n"
     print(text)
-    out = a.out or os.path.join(HERE, "results", f"{datetime.date.today()}-variants-{a.format}-"
+    out = a.out or os.path.join(HERE, "results", f"{datetime.date.today()}-variants-{a.format}-{a.feature}-"
                                 f"{re.sub(r'[^a-z0-9]+', '-', cpu_model().lower()).strip('-')}.md")
     with open(out, "w") as f:
         f.write(text)

@@ -1,57 +1,13 @@
-/* The int8 and int4 [N, K] decode kernels on 256-bit vectors, included by
- * formats.h three times: CYF_D2_ names each function (its suffix),
- * CYF_D2_ATTR its target; with CYF_D2_DPBUSD (vpdpbusd on 8 lanes: AVX-VNNI,
- * or AVX512-VNNI's EVEX form for tests) each lane sums w + 128 (int4: its
- * nibbles) against the codes from its correction, as the 512-bit VNNI
- * kernels; without it, AVX2's vpmaddubsw + vpmaddwd.  The same int32
- * lanes and float steps either way, so the same bits. */
-
-/* int8 [N, K]: a 64-byte run of a row is two 256-bit registers, lanes 0-7
- * and 8-15 of the generic loops; its last, partial run is copied into a
- * zeroed buffer (no read past the row).  Each row of W, from L1, meets
- * every prepared row of x in turn; lanes summed in cyf_tree16's tree. */
-CYF_D2_ATTR
-static void CYF_D2_(cyf_i8q_dot_tp_rows_)(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
-                                     ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, full = K / CYF_QP;
-    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
-    (void)ones;
-    (void)flip;
-    for (ptrdiff_t j = 0; j < nw; j++) {
-        const signed char *w = (const signed char *)W->data + (a + j) * W->ld;
-        for (int r = 0; r < nr; r++) {
-            const void *xr = (const unsigned char *)xp + r * ldxp;
-            const signed char *q = CYF_I8Q_Q(xr);
-            const float *dl = CYF_I8Q_DL(xr, npair);
-            __m256 lo = _mm256_setzero_ps(), hi = lo;
-            for (ptrdiff_t p = 0; p < npair; p++) {
-                signed char tail[CYF_QP];
-                const signed char *wp = w + p * CYF_QP;
-                if (p == full) {
-                    memset(tail, 0, sizeof tail);
-                    memcpy(tail, wp, (size_t)(K - full * CYF_QP));
-                    wp = tail;
-                }
-                const __m256i w0 = _mm256_loadu_si256((const __m256i *)wp);
-                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32));
-                const __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP));
-                const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP + 32));
-#ifdef CYF_D2_DPBUSD  /* w + 128 against the codes, from the lanes' corrections */
-                const int *c = CYF_I8Q_CORR(xr, npair) + p * 16;
-                const __m256i s0 = CYF_D2_DPBUSD(_mm256_loadu_si256((const __m256i *)c), _mm256_xor_si256(w0, flip), q0);
-                const __m256i s1 = CYF_D2_DPBUSD(_mm256_loadu_si256((const __m256i *)(c + 8)), _mm256_xor_si256(w1, flip), q1);
-#else
-                const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(q0, w0)), ones);
-                const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(q1, w1)), ones);
-#endif
-                lo = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16), _mm256_cvtepi32_ps(s0), lo);
-                hi = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16 + 8), _mm256_cvtepi32_ps(s1), hi);
-            }
-            acc[r * nw + j] = cyf_tree16_ps(lo, hi);
-        }
-    }
-}
+/* The int4 [N, K] decode kernel on 256-bit vectors, included by formats.h
+ * three times: CYF_D2_ names each function (its suffix), CYF_D2_ATTR its
+ * target; with CYF_D2_DPBUSD (vpdpbusd on 8 lanes: AVX-VNNI, or
+ * AVX512-VNNI's EVEX form for tests) each lane sums the nibbles against the
+ * codes from its correction, as the 512-bit VNNI kernel; without it,
+ * AVX2's vpmaddubsw + vpmaddwd.  The same int32 lanes and float steps
+ * either way, so the same bits.  (int8's AVX2 kernel has no such form:
+ * with vpdpbusd it read 3072 x 768 from DRAM at 12.8-14.8 GB/s on one Zen 4
+ * core, in AVX512-VNNI's encoding, against 18.6-19.0 with AVX2's, while
+ * int4's read the same either way.) */
 
 /* int4 [N, K] (a row per output) with AVX2: cyf_i4q_row_dot_t's 16 lanes as
  * two ymm registers per row of x.  vpmaddubsw multiplies the unsigned

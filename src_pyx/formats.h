@@ -694,6 +694,45 @@ static void cyf_i4q_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp,
 #define CYF_HAVE_AVXVNNI_KERNELS 0
 #endif
 
+/* int8 [N, K]: a 64-byte run of a row is two 256-bit registers, lanes 0-7
+ * and 8-15 of the generic loops; its last, partial run is copied into a
+ * zeroed buffer (no read past the row).  Each row of W, from L1, meets
+ * every prepared row of x in turn; lanes summed in cyf_tree16's tree. */
+__attribute__((target("avx2,fma")))
+static void cyf_i8q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                     ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
+{
+    const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, full = K / CYF_QP;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (ptrdiff_t j = 0; j < nw; j++) {
+        const signed char *w = (const signed char *)W->data + (a + j) * W->ld;
+        for (int r = 0; r < nr; r++) {
+            const void *xr = (const unsigned char *)xp + r * ldxp;
+            const signed char *q = CYF_I8Q_Q(xr);
+            const float *dl = CYF_I8Q_DL(xr, npair);
+            __m256 lo = _mm256_setzero_ps(), hi = lo;
+            for (ptrdiff_t p = 0; p < npair; p++) {
+                signed char tail[CYF_QP];
+                const signed char *wp = w + p * CYF_QP;
+                if (p == full) {
+                    memset(tail, 0, sizeof tail);
+                    memcpy(tail, wp, (size_t)(K - full * CYF_QP));
+                    wp = tail;
+                }
+                const __m256i w0 = _mm256_loadu_si256((const __m256i *)wp);
+                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32));
+                const __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP));
+                const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP + 32));
+                const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(q0, w0)), ones);
+                const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(q1, w1)), ones);
+                lo = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16), _mm256_cvtepi32_ps(s0), lo);
+                hi = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16 + 8), _mm256_cvtepi32_ps(s1), hi);
+            }
+            acc[r * nw + j] = cyf_tree16_ps(lo, hi);
+        }
+    }
+}
+
 #define CYF_D2_CAT_(a, b) a##b
 #define CYF_D2_CAT(a, b) CYF_D2_CAT_(a, b)
 #define CYF_D2_(name) CYF_D2_CAT(name, CYF_D2_SFX)
@@ -1402,23 +1441,25 @@ static inline int cyf_formats_select(int features)
         const int v256 = CYF_HAVE_AVXVNNI_KERNELS && (features & 32) ? 0 : features & 64 ? 1 : -1;
         if (v256 >= 0) {
             cyf_format *rows[4] = {i8, i4, &cyf_formats[4], &cyf_formats[5]};
-            static const char *const said[2][2] = {
-                {"int8 activations in decode and prefill, AVX-VNNI vpdpbusd",
+            static const char *const said[2][3] = {
+                {"int8 activations in decode and prefill; decode: AVX2 vpmaddubsw + vpmaddwd, prefill: AVX-VNNI "
+                 "vpdpbusd",
+                 "int8 activations in decode and prefill, AVX-VNNI vpdpbusd",
                  "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, prefill: AVX-VNNI "
                  "vpdpbusd"},
-                {"int8 activations in decode and prefill, AVX-VNNI's kernels with AVX512-VNNI's 256-bit vpdpbusd "
+                {"int8 activations in decode and prefill; decode: AVX2 vpmaddubsw + vpmaddwd, prefill: AVX-VNNI's "
+                 "tile with AVX512-VNNI's 256-bit vpdpbusd (tests)",
+                 "int8 activations in decode and prefill, AVX-VNNI's kernels with AVX512-VNNI's 256-bit vpdpbusd "
                  "(tests)",
                  "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, prefill: AVX-VNNI's "
                  "tile with AVX512-VNNI's 256-bit vpdpbusd (tests)"}};
             for (int i = 0; i < 4; i++) {
                 rows[i]->qgemm = &cyf_qgemm_vnni256[v256][i];
-                rows[i]->kernels = said[v256][i >= 2];
+                rows[i]->kernels = said[v256][i < 2 ? i : 2];
             }
 #if CYF_HAVE_AVXVNNI_KERNELS
-            i8->dot_tp_rows = v256 ? cyf_i8q_dot_tp_rows_vnni256 : cyf_i8q_dot_tp_rows_avxvnni;
             i4->dot_tp_rows = v256 ? cyf_i4q_dot_tp_rows_vnni256 : cyf_i4q_dot_tp_rows_avxvnni;
 #else
-            i8->dot_tp_rows = cyf_i8q_dot_tp_rows_vnni256;
             i4->dot_tp_rows = cyf_i4q_dot_tp_rows_vnni256;
 #endif
             return bf16 | 4 | (v256 ? 64 : 32);

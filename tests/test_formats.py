@@ -708,8 +708,8 @@ def _int8_variants():
         print(f"int8 AVX512-VNNI kernels not tested: kernel level {LEVEL} has none")
     else:
         out.append({"avx512_vnni": True})
-    # AVX-VNNI's kernels: on AVX-VNNI, and in AVX512-VNNI's encoding of the
-    # same instruction where the CPU has that
+    # AVX-VNNI's kernels (int4 decode, every integer GEMM): on AVX-VNNI, and
+    # in AVX512-VNNI's encoding of the same instruction where the CPU has that
     have = linalg._cpu_features()
     if have["avx_vnni"]:
         out.append({"avx2": True, "avx_vnni": True})
