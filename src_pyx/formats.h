@@ -1077,12 +1077,97 @@ static inline float cyf_q40_row_dot(const signed char *q, const float *dx, const
     return cyf_tree16(s);
 }
 
-/* The generic dot_t for nr rows of x (dot_t: nr = 1) of either record
- * format (nib: q4_0): x quantized once per row, then each row of W read
- * once for up to 8 rows of x at a time (the batched step; 8 rows of codes
- * stay small on a thread's stack). */
+#if CYF_HAVE_AVX2_KERNELS
+/* cyf_q80_row_dot / cyf_q40_row_dot with AVX2 and F16C, the same bits, 8
+ * blocks at a time (lanes b % 16 < 8 or >= 8 of the 16 partial sums): each
+ * block's 32 code products summed exactly by vpmaddubsw on |w| and the
+ * codes with w's sign (pair sums below 2^15) and vpmaddwd, the 8 blocks'
+ * lanes added by a vphaddd tree, their scales converted exactly by
+ * vcvtph2ps, then the generic loops' float steps, lane by lane.  Blocks
+ * past nblk are 0 * 0, as there.  q4_0's nibbles become codes in registers
+ * (low ones elements 0..15, high ones 16..31, minus 8). */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline __m256i cyf_rec_block_avx2_(const unsigned char *r, const signed char *q, int nib)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i w;
+    if (nib) {
+        const __m128i m = _mm_set1_epi8(15), v = _mm_loadu_si128((const __m128i *)(r + 2));
+        w = _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m)),
+                            _mm256_set1_epi8(8));
+    } else {
+        w = _mm256_loadu_si256((const __m256i *)(r + 2));
+    }
+    const __m256i x = _mm256_loadu_si256((const __m256i *)q);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), ones);
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline float cyf_rec_row_dot_avx2_(const signed char *q, const float *dx, const unsigned char *row,
+                                          ptrdiff_t nblk, int nib)
+{
+    const ptrdiff_t rec = nib ? CYF_Q40_REC : CYF_Q80_REC;
+    const ptrdiff_t npad = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES * CYF_Q80_LANES;
+    __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (ptrdiff_t b0 = 0; b0 < npad; b0 += 8) {
+        __m256i p[8];
+        short h[8];
+        __m256 dv;
+        if (b0 + 8 <= nblk) {
+            for (int i = 0; i < 8; i++) {
+                const unsigned char *r = row + (b0 + i) * rec;
+                p[i] = cyf_rec_block_avx2_(r, q + (b0 + i) * CYF_QB, nib);
+                h[i] = (short)(r[0] | r[1] << 8);
+            }
+            dv = _mm256_loadu_ps(dx + b0);
+        } else {  /* the last blocks, and 0 * 0 past them */
+            float d[8];
+            for (int i = 0; i < 8; i++) {
+                const ptrdiff_t b = b0 + i;
+                const unsigned char *r = row + b * rec;
+                p[i] = b < nblk ? cyf_rec_block_avx2_(r, q + b * CYF_QB, nib) : _mm256_setzero_si256();
+                h[i] = b < nblk ? (short)(r[0] | r[1] << 8) : 0;
+                d[i] = b < nblk ? dx[b] : 0.0f;
+            }
+            dv = _mm256_loadu_ps(d);
+        }
+        /* vphaddd: lanes (0..3 | 4..7) of the 8 blocks' sums, then the halves added */
+        const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+        const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+        const __m256i h03 = _mm256_hadd_epi32(h01, h23), h47 = _mm256_hadd_epi32(h45, h67);
+        const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h03, h47, 0x20),
+                                              _mm256_permute2x128_si256(h03, h47, 0x31));
+        const __m128i hv = _mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
+        const __m256 t = _mm256_mul_ps(_mm256_cvtph_ps(hv), dv);
+        s[(b0 / 8) & 1] = _mm256_fmadd_ps(t, _mm256_cvtepi32_ps(isum), s[(b0 / 8) & 1]);
+    }
+    float lanes[CYF_Q80_LANES];
+    _mm256_storeu_ps(lanes, s[0]);
+    _mm256_storeu_ps(lanes + 8, s[1]);
+    return cyf_tree16(lanes);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static float cyf_q80_row_dot_avx2(const signed char *q, const float *dx, const unsigned char *row, ptrdiff_t nblk)
+{
+    return cyf_rec_row_dot_avx2_(q, dx, row, nblk, 0);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static float cyf_q40_row_dot_avx2(const signed char *q, const float *dx, const unsigned char *row, ptrdiff_t nblk)
+{
+    return cyf_rec_row_dot_avx2_(q, dx, row, nblk, 1);
+}
+#endif
+
+typedef float (*cyf_rec_row_dot_fn)(const signed char *q, const float *dx, const unsigned char *row, ptrdiff_t nblk);
+
+/* The dot_t for nr rows of x (dot_t: nr = 1) of a record format with its
+ * row_dot: x quantized once per row, then each row of W read once for up
+ * to 8 rows of x at a time (the batched step; 8 rows of codes stay small on
+ * a thread's stack). */
 static inline void cyf_rec_dot_t_rows_(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W,
-                                       ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib)
+                                       ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, cyf_rec_row_dot_fn row_dot)
 {
     const ptrdiff_t nblk = K / CYF_QB;
     if (nblk == 0 || nr <= 0) {
@@ -1099,33 +1184,29 @@ static inline void cyf_rec_dot_t_rows_(float *acc, const float *x, ptrdiff_t ldx
         for (ptrdiff_t j = 0; j < nw; j++) {
             const unsigned char *row = (const unsigned char *)W->data + (a + j) * W->ld;
             for (int r = 0; r < m; r++)
-                acc[(r0 + r) * nw + j] = (nib ? cyf_q40_row_dot : cyf_q80_row_dot)(q + r * nblk * CYF_QB, d + r * nblk,
-                                                                                   row, nblk);
+                acc[(r0 + r) * nw + j] = row_dot(q + r * nblk * CYF_QB, d + r * nblk, row, nblk);
         }
     }
 }
 
-static void cyf_q80_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    cyf_rec_dot_t_rows_(acc, x, 0, 1, W, a, nw, K, 0);
+#define CYF_REC_DOT_T(NAME, ROW_DOT)                                                                       \
+static void NAME##_dot_t(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)  \
+{                                                                                                          \
+    cyf_rec_dot_t_rows_(acc, x, 0, 1, W, a, nw, K, ROW_DOT);                                               \
+}                                                                                                          \
+static void NAME##_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a, \
+                              ptrdiff_t nw, ptrdiff_t K)                                                   \
+{                                                                                                          \
+    cyf_rec_dot_t_rows_(acc, x, ldx, nr, W, a, nw, K, ROW_DOT);                                            \
 }
+CYF_REC_DOT_T(cyf_q80, cyf_q80_row_dot)
+#if CYF_HAVE_AVX2_KERNELS
+CYF_REC_DOT_T(cyf_q80_avx2, cyf_q80_row_dot_avx2)
+CYF_REC_DOT_T(cyf_q40_avx2, cyf_q40_row_dot_avx2)
+#endif
 
-static void cyf_q80_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                               ptrdiff_t nw, ptrdiff_t K)
-{
-    cyf_rec_dot_t_rows_(acc, x, ldx, nr, W, a, nw, K, 0);
-}
-
-static void cyf_q40_dot_t_generic(float *acc, const float *x, const cyf_wt *W, ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
-{
-    cyf_rec_dot_t_rows_(acc, x, 0, 1, W, a, nw, K, 1);
-}
-
-static void cyf_q40_dot_t_rows(float *acc, const float *x, ptrdiff_t ldx, int nr, const cyf_wt *W, ptrdiff_t a,
-                               ptrdiff_t nw, ptrdiff_t K)
-{
-    cyf_rec_dot_t_rows_(acc, x, ldx, nr, W, a, nw, K, 1);
-}
+CYF_REC_DOT_T(cyf_q40, cyf_q40_row_dot)
+#undef CYF_REC_DOT_T
 
 static void cyf_q40_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kn,
                            ptrdiff_t K)
@@ -1287,9 +1368,9 @@ static cyf_format cyf_formats[] = {
     {"int4", "int8 activations in decode and prefill, generic integer loops", 0, 0, NULL, NULL,
      NULL, NULL, NULL, cyf_i4_pack_t, NULL, cyf_i4q_prep_bytes, cyf_i4q_prep,
      cyf_i4q_dot_tp_rows_generic},
-    {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t_generic,
+    {"q8_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q80_dot_t,
      cyf_q80_dot_t_rows, NULL, cyf_q80_pack_t},
-    {"q4_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q40_dot_t_generic,
+    {"q4_0", "[N, K]: int8 activations, generic integer loops", 0, 0, NULL, NULL, cyf_q40_dot_t,
      cyf_q40_dot_t_rows, NULL, cyf_q40_pack_t},
 };
 #define CYF_NFORMATS ((int)(sizeof cyf_formats / sizeof cyf_formats[0]))
@@ -1361,14 +1442,14 @@ static inline void cyf_q80_select(int vnni)
 #endif
     (void)vnni;
     /* no integer GEMM here: the generic tile is slower than the float panels */
-    q80->dot_t = cyf_q80_dot_t_generic;
+    q80->dot_t = cyf_q80_dot_t;
     q80->dot_t_rows = cyf_q80_dot_t_rows;
     q80->prep_bytes = q40->prep_bytes = NULL;
     q80->prep = q40->prep = NULL;
     q80->dot_tp_rows = q40->dot_tp_rows = NULL;
     q80->qgemm = NULL;
     q80->kernels = "[N, K]: int8 activations in decode, generic integer loops; prefill: widened to float32, FMA";
-    q40->dot_t = cyf_q40_dot_t_generic;
+    q40->dot_t = cyf_q40_dot_t;
     q40->dot_t_rows = cyf_q40_dot_t_rows;
     q40->qgemm = NULL;
     q40->kernels = q80->kernels;
@@ -1433,9 +1514,12 @@ static inline int cyf_formats_select(int features)
         i4->qgemm = &cyf_i4_qgemm_avx2;
         cyf_formats[4].qgemm = &cyf_q80_qgemm_avx2;
         cyf_formats[5].qgemm = &cyf_q40_qgemm_avx2;
+        cyf_formats[4].dot_t = cyf_q80_avx2_dot_t;
+        cyf_formats[4].dot_t_rows = cyf_q80_avx2_dot_t_rows;
+        cyf_formats[5].dot_t = cyf_q40_avx2_dot_t;
+        cyf_formats[5].dot_t_rows = cyf_q40_avx2_dot_t_rows;
         cyf_formats[4].kernels = cyf_formats[5].kernels =
-            "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, prefill: AVX2 "
-            "vpmaddubsw + vpmaddwd";
+            "[N, K]: int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
         i4->kernels = "int8 activations in decode and prefill, AVX2 vpmaddubsw + vpmaddwd";
         /* vpdpbusd on 8 lanes: AVX-VNNI (32), or its EVEX form (64: tests) */
         const int v256 = CYF_HAVE_AVXVNNI_KERNELS && (features & 32) ? 0 : features & 64 ? 1 : -1;
@@ -1445,14 +1529,14 @@ static inline int cyf_formats_select(int features)
                 {"int8 activations in decode and prefill; decode: AVX2 vpmaddubsw + vpmaddwd, prefill: AVX-VNNI "
                  "vpdpbusd",
                  "int8 activations in decode and prefill, AVX-VNNI vpdpbusd",
-                 "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, prefill: AVX-VNNI "
-                 "vpdpbusd"},
+                 "[N, K]: int8 activations in decode and prefill; decode: AVX2 vpmaddubsw + vpmaddwd, prefill: "
+                 "AVX-VNNI vpdpbusd"},
                 {"int8 activations in decode and prefill; decode: AVX2 vpmaddubsw + vpmaddwd, prefill: AVX-VNNI's "
                  "tile with AVX512-VNNI's 256-bit vpdpbusd (tests)",
                  "int8 activations in decode and prefill, AVX-VNNI's kernels with AVX512-VNNI's 256-bit vpdpbusd "
                  "(tests)",
-                 "[N, K]: int8 activations in decode and prefill; decode: generic integer loops, prefill: AVX-VNNI's "
-                 "tile with AVX512-VNNI's 256-bit vpdpbusd (tests)"}};
+                 "[N, K]: int8 activations in decode and prefill; decode: AVX2 vpmaddubsw + vpmaddwd, prefill: "
+                 "AVX-VNNI's tile with AVX512-VNNI's 256-bit vpdpbusd (tests)"}};
             for (int i = 0; i < 4; i++) {
                 rows[i]->qgemm = &cyf_qgemm_vnni256[v256][i];
                 rows[i]->kernels = said[v256][i < 2 ? i : 2];
