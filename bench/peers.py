@@ -436,6 +436,8 @@ def main(argv=None):
              + (f"; llama-cpp-python {__import__('llama_cpp').__version__}" if available("llama_cpp") else "")
              + (f"; CTranslate2 {__import__('ctranslate2').__version__}" if available("ctranslate2") else "")
              + (f"; torch {__import__('torch').__version__}" if available("torch") else "") + ".",
+             "cyformer's kernels here: " + "; ".join(f"{k}: {v}" for k, v in __import__(
+                 "cyformer.kernels", fromlist=["linalg"]).linalg.format_kernels().items()) + ".",
              f"Median (min-max) of {reps} repeats, each contender a fresh process per repeat, contenders "
              f"interleaved; random weights; decode: {NEW} tokens after a {PROMPT}-token prompt; prefill: "
              f"{PREFILL} tokens to the last row's logits; batches: {PROMPT}-token prompts, {NEW} new tokens "
