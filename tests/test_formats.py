@@ -740,6 +740,10 @@ def _gemm_variants():
     return out
 
 
+INT8_VARIANTS = _int8_variants()
+GEMM_VARIANTS = _gemm_variants()
+
+
 def _variant_id(v):
     if v.get("amx_int8") or v.get("amx_model"):
         return "amx" if v.get("amx_int8") else "amx-model"
@@ -776,7 +780,7 @@ def test_q8_activation_rule():
     np.testing.assert_allclose(q[0, :4] * d[0].astype(np.float64), t[:4], rtol=0, atol=0.5 * float(d[0]) * 1.01)
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True, ids=_variant_id)
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True, ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4", "q8_0", "q4_0"])
 def test_tiny_activation_blocks_are_quantized_as_the_reference(rng, int8_variant, fmt):
     # rows whose blocks have max|x| below 3.7e-37 (1 / d overflows float32):
@@ -808,7 +812,7 @@ def test_tiny_activation_blocks_are_quantized_as_the_reference(rng, int8_variant
             np.testing.assert_allclose(w, e, rtol=0, atol=0.05 * np.abs(e).max())
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (96, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -831,7 +835,7 @@ def test_int8_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
         np.testing.assert_allclose(got, x[:T] @ W.dequantize(), rtol=0.05, atol=0.05 * np.sqrt(K))
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -855,7 +859,7 @@ def test_int4_matvec_is_the_q8_reference(rng, int8_variant, K, N, threads):
     np.testing.assert_allclose(want, x @ W.dequantize(), rtol=0.05, atol=0.05 * np.sqrt(K))
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (31, 9), (33, 17), (64, 64), (96, 70), (130, 129), (200, 33), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -878,7 +882,7 @@ def test_int8_unembedding_is_the_q8_reference(rng, int8_variant, K, N, threads):
         np.testing.assert_allclose(got, x[:T] @ W.dequantize().T, rtol=0.05, atol=0.05 * np.sqrt(K))
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (31, 9), (33, 17), (64, 64), (95, 70), (127, 10), (130, 129), (200, 33),
                                   (257, 6), (768, 300)])
@@ -909,7 +913,7 @@ def test_int4_rows_out_matvec_is_the_q4_reference(rng, int8_variant, K, N, threa
     np.testing.assert_allclose(want, x.astype(np.float64) @ W.dequantize().T, rtol=0.05, atol=0.05 * np.sqrt(K))
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 def test_int4_rows_out_non_finite_activations_give_nan(int8_variant):
     # a NaN or infinity anywhere (a full chunk of 128 inputs, the last,
@@ -958,7 +962,7 @@ def test_amx_tiles_are_never_chosen_on_their_model_and_agree_with_every_tile():
     assert linalg.format_kernels() == before
 
 
-@pytest.mark.parametrize("int8_variant", _gemm_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", GEMM_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (64, 64), (95, 70), (200, 129), (768, 300)])
@@ -987,7 +991,7 @@ def test_integer_gemm_rows_are_the_matvec_rows(rng, int8_variant, fmt, K, N, thr
             np.testing.assert_allclose(got[t], one[0], rtol=0, atol=1e-5 * np.abs(one[0]).max() + 1e-30)
 
 
-@pytest.mark.parametrize("int8_variant", _gemm_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", GEMM_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("K, N", [(32, 5), (96, 70), (256, 129), (768, 300)])
@@ -1019,7 +1023,7 @@ def test_records_gemm_is_the_grouped_reference(rng, int8_variant, fmt, K, N, thr
             np.testing.assert_allclose(got[ok], exact, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("int8_variant", _gemm_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", GEMM_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_integer_gemm_at_the_integer_limits(rng, int8_variant, fmt):
@@ -1053,7 +1057,7 @@ def test_integer_gemm_at_the_integer_limits(rng, int8_variant, fmt):
         np.array([[1.0], [-1.0]]) * W.dequantize()[:, :10].sum(0), (2, 10)), rtol=1e-5)
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 def test_int8_unembedding_non_finite_activations_give_nan(int8_variant):
     from cyformer.backends.numpy_ref import q8_matvec_t
@@ -1076,7 +1080,7 @@ def ragged_checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("int8_variant", _gemm_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", GEMM_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("dtype, model", [(d, m) for d in ("int8", "int4") for m in ("bundled", "ragged")]
                          + [(d, "bundled") for d in BLOCK])  # q8_0, q4_0 need whole blocks of 32 inputs
@@ -1105,7 +1109,7 @@ def test_batched_step_every_int8_variant(rng, ragged_checkpoint, int8_variant, d
         assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (95, 70), (200, 129)])
 @pytest.mark.parametrize("threads", [1, 2])
@@ -1126,7 +1130,7 @@ def test_integer_gemm_of_int8_unembedding(rng, int8_variant, K, N, threads):
     np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-6 * np.abs(one).max())
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(1, 5), (33, 17), (95, 70), (127, 33), (200, 129), (768, 300)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -1155,7 +1159,7 @@ def test_integer_gemm_of_int4_rows_out(rng, int8_variant, K, N, threads):
     np.testing.assert_allclose(got[ok], one[ok], rtol=1e-5, atol=1e-6 * np.abs(one[ok]).max())
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_integer_gemm_epilogue_and_non_finite_rows(rng, int8_variant, fmt):
@@ -1179,7 +1183,7 @@ def test_integer_gemm_epilogue_and_non_finite_rows(rng, int8_variant, fmt):
     assert np.isnan(got[[3, 7]]).all() and np.isfinite(np.delete(got, [3, 7], axis=0)).all()
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 def test_int8_matvec_non_finite_activations_give_nan(int8_variant):
     linalg.select_format_kernels(int8_variant)
@@ -1514,7 +1518,7 @@ def test_block_formats_need_whole_blocks_of_inputs(fmt):
             quantize(np.ones(shape, np.float32), fmt, transposed=transposed)
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("K, N", [(32, 1), (64, 15), (64, 64), (96, 70), (768, 300), (256, 1000)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -1545,7 +1549,7 @@ def test_block_matvec_is_the_reference(rng, int8_variant, K, N, threads, transpo
     np.testing.assert_allclose(got[0], q8_0_matvec(x[0], p.data) + b, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True,
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
 @pytest.mark.parametrize("fmt", BLOCK)
 def test_block_matvec_non_finite_activations_give_nan(int8_variant, fmt):
@@ -1612,7 +1616,7 @@ def test_block_format_arguments_are_checked(fmt):
         linalg.linear_forward(x, bad)
 
 
-@pytest.mark.parametrize("int8_variant", _int8_variants(), indirect=True, ids=_variant_id)
+@pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True, ids=_variant_id)
 def test_prepared_activations_fit_the_reserved_scratch(int8_variant):
     """Where a format prepares x once per product (int8, int4, q8_0, q4_0), the
     bytes of a row stay within what linalg and the decode step reserve for
