@@ -1014,21 +1014,39 @@ static inline void cyf_q80_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb)
     }
 }
 
-/* s += (d_w * d_x) * isum per lane for one chunk: wv the weights, xv x's codes */
+/* s += (d_w * d_x) * isum per lane for one chunk of nb blocks: wv the
+ * weights, xv x's codes.  A chunk of at most 8 blocks (K's last: 2 of 18 for
+ * K = 576) holds them all in wv[0..3] (blocks 0-3 and 4-7); the other four
+ * vectors' sums are 0 (x's codes past K are 0) and are not computed: one
+ * core, one row of x times q4_0 W [1536, 576], 57.7-58.3 -> 54.3-55.1 us. */
 __attribute__((target("avx512vnni")))
 static inline __m512 cyf_q80_chunk(__m512 s, const __m512i *wv, const unsigned char *xv, const int *bsum, __m512 dw,
-                                   const float *dx)
+                                   const float *dx, ptrdiff_t nb)
 {
     const __m512i zero = _mm512_setzero_si512();
-    __m512i v[8], u[4];
-    for (int i = 0; i < 8; i++)
-        v[i] = _mm512_dpbusd_epi32(zero, wv[i], _mm512_loadu_si512(xv + i * 64));
+    __m512i v[8], u[4], w1 = zero;
+    if (nb > 8) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            v[i] = _mm512_dpbusd_epi32(zero, wv[i], _mm512_loadu_si512(xv + i * 64));
+    } else {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm512_dpbusd_epi32(zero, wv[i], _mm512_loadu_si512(xv + i * 64));
+    }
     /* per 128-bit lane: (p0+p2, q0+q2, p1+p3, q1+q3), then 4 sums of 4 */
-    for (int i = 0; i < 4; i++)
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
         u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
                                 _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    if (nb > 8) {
+#pragma GCC unroll 2
+        for (int i = 2; i < 4; i++)
+            u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                    _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+        w1 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2], u[3]), _mm512_unpackhi_epi64(u[2], u[3]));
+    }
     const __m512i w0 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
-    const __m512i w1 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2], u[3]), _mm512_unpackhi_epi64(u[2], u[3]));
     /* lane L of w0: v0..v3's sums over their lane L (blocks i in L0 + L1, i + 4 in L2 + L3) */
     const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_shuffle_i32x4(w0, w1, 0x88),
                                                            _mm512_shuffle_i32x4(w0, w1, 0xDD)),
@@ -1329,7 +1347,7 @@ static inline void cyf_rec_dot_tp_vnni_(float *acc, const void *xpv, ptrdiff_t l
                 for (int r = 0; r < m; r++) {
                     const unsigned char *xr = xp + (r0 + r) * ldxp;
                     s[r] = cyf_q80_chunk(s[r], wv, xr + c * 8 * 64, CYF_REC_BSUM(xr, nch) + c * CYF_Q80_LANES, dw,
-                                         CYF_REC_D(xr, nch) + c * CYF_Q80_LANES);
+                                         CYF_REC_D(xr, nch) + c * CYF_Q80_LANES, nb);
                 }
             }
             for (int r = 0; r < m; r++)

@@ -1520,7 +1520,7 @@ def test_block_formats_need_whole_blocks_of_inputs(fmt):
 
 @pytest.mark.parametrize("int8_variant", INT8_VARIANTS, indirect=True,
                          ids=_variant_id)
-@pytest.mark.parametrize("K, N", [(32, 1), (64, 15), (64, 64), (96, 70), (768, 300), (256, 1000)])
+@pytest.mark.parametrize("K, N", [(32, 1), (64, 15), (64, 64), (96, 70), (768, 300), (480, 33), (256, 1000)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("fmt", BLOCK)
@@ -1528,7 +1528,8 @@ def test_block_matvec_is_the_reference(rng, int8_variant, K, N, threads, transpo
     """Decode (fewer than 4 rows): int8 activations against the records,
     bit for bit numpy_ref.q8_0_matvec / q4_0_matvec, at every thread count,
     whichever orientation the matrix has (the data is a row per output
-    either way); 16 blocks at a time in the VNNI kernel."""
+    either way); 16 blocks at a time in the VNNI kernel, whose last chunk
+    may hold 8 or fewer (768: 24 blocks) or more (480: 15)."""
     from cyformer.backends import numpy_ref
     q8_0_matvec = getattr(numpy_ref, f"{fmt}_matvec")
     linalg.select_format_kernels(int8_variant)
