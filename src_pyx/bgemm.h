@@ -41,7 +41,7 @@ typedef struct cyf_bgemm {
                  int bpp);
     int mr;  /* the most rows the tile takes in one call: CYF_BMR, or CYF_AMR with AMX */
 } cyf_bgemm;
-#define CYF_BMR_MAX 16  /* the most rows any tile takes (the driver's tile buffer) */
+#define CYF_BMR_MAX (CYF_BMR > CYF_AMR ? CYF_BMR : CYF_AMR)  /* the most rows any tile takes (the driver's tile buffer) */
 
 #if CYF_HAVE_BF16DP_KERNELS
 /* Packing W [N, K]: 16 outputs by 16 pairs at a time, each output's 16

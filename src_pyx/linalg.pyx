@@ -677,7 +677,7 @@ _check_format_table()
 _FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2, "avx2": 4, "amx_int8": 8, "amx_model": 16,
                  "avx_vnni": 32, "avx_vnni_evex": 64, "amx_bf16": 128}
 _TEST_ONLY = ("amx_model", "avx_vnni_evex")
-_AMX_OFF = set()  # this CPU's AMX features that failed the check at import (_check_amx)
+_AMX_OFF = set()  # this CPU's AMX features that failed the check at import (_select_at_import)
 
 
 def _cpu_features():
@@ -720,8 +720,6 @@ def select_format_kernels(features=None):
     used = cyf_formats_select(bits)
     return {name: bool(used & bit) for name, bit in _FEATURE_BITS.items()}
 
-
-select_format_kernels()
 
 
 def format_kernels():
@@ -1014,14 +1012,16 @@ def bf16_tile_matches_reference(features):
         select_format_kernels()
 
 
-def _check_amx():
-    # The AMX tiles are tested bit for bit on their C model wherever AMX is
-    # missing; on a CPU that runs them, the first import also checks the
-    # instructions (int8 against the VNNI tile, bfloat16 against its
-    # reference), and leaves AMX unused (with a warning) if they differ,
-    # rather than give other numbers.
+def _select_at_import():
+    # This CPU's kernels, chosen once.  The AMX tiles are tested bit for bit
+    # on their C model wherever AMX is missing; on a CPU that runs them, the
+    # first import also checks the instructions (int8 against the VNNI tile,
+    # bfloat16 against its reference), and leaves AMX unused (with a
+    # warning) if they differ, rather than give other numbers.
     import warnings
     default = select_format_kernels()
+    if not (default["amx_int8"] or default["amx_bf16"]):
+        return
     plain = dict(_cpu_features(), **dict.fromkeys(_TEST_ONLY, False))
     if default["amx_int8"] and not integer_tiles_agree(dict(plain, amx_bf16=False)):
         _AMX_OFF.add("amx_int8")
@@ -1031,7 +1031,8 @@ def _check_amx():
         _AMX_OFF.add("amx_bf16")
         warnings.warn("cyformer: the AMX bfloat16 GEMM does not give its reference's bits on this CPU; "
                       "prefill uses AVX512-BF16", RuntimeWarning, stacklevel=2)
-    select_format_kernels()
+    if _AMX_OFF:  # the checks put the defaults back before AMX was turned off
+        select_format_kernels()
 
 
-_check_amx()
+_select_at_import()

@@ -19,7 +19,7 @@
 #define CYF_QMR 6   /* rows of x per register tile: 12 int32 + 12 float accumulators */
 #define CYF_QNR 32  /* outputs per packed strip: two vectors of 16 int32 lanes */
 #define CYF_AMR 16  /* rows of x per AMX tile: a tile register's 16 rows */
-#define CYF_QMR_MAX 16  /* the most rows any tile takes (the driver's tile buffer) */
+#define CYF_QMR_MAX (CYF_QMR > CYF_AMR ? CYF_QMR : CYF_AMR)  /* the most rows any tile takes (the driver's tile buffer) */
 
 /* A packed strip of CYF_QNR outputs, for K inputs in nblk = ceil(K / CYF_QB)
  * blocks (Kp = nblk * CYF_QB):
