@@ -113,14 +113,11 @@ cdef enum:
     GEMV_B_COLS = 512
     GEMV_B_ROWS_T = 64
     # From this many rows of x on, float32 weights go through the register
-    # tile (cyf_gemv_rows_b, cyf_dot_rows); below it one row at a time from
-    # L2 was faster (one core, 768 x 2304: 2 rows 0.48 against 0.55 ms, 4 rows
-    # 0.61 / 0.68, 6 rows even, 8 rows 0.87 / 0.76).  Same bits either way.
-    GEMV_TILE_ROWS = 6
-    # Columns per piece for the register tile, which reads each weight once
-    # for every row: longer runs of each row of W stream better (GPT-2, one
-    # core, 8 rows: 512 columns 64.5-71.4 ms a step, 2048 60.6-61.5).
-    GEMV_TILE_COLS = 2048
+    # tiles (cyf_gemv_rows_b, cyf_dot_rows), which read each weight once for
+    # every row and prefetch what comes next; one row at a time was slower
+    # from 2 rows on (bench/results/2026-11-26-batch-step-prefetch-amd-epyc.md).
+    # Same bits either way.
+    GEMV_TILE_ROWS = 2
 
 cdef float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 

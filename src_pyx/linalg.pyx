@@ -449,7 +449,9 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
     pw = (N + GEMV_TAIL_PIECES - 1) // GEMV_TAIL_PIECES
     pw = (pw + 15) // 16 * 16
     tile = B >= GEMV_TILE_ROWS and W.f.gemv_block_rows != NULL  # each weight loaded once for all rows
-    maxw = GEMV_COLS if B == 1 else GEMV_TILE_COLS if tile else GEMV_B_COLS
+    # the tile takes whole rows: its pieces prefetch the next, the last one
+    # the next block's first
+    maxw = GEMV_COLS if B == 1 else N if tile else GEMV_B_COLS
     item = cyf_next_item(counter)
     while item < nitems:
         if item < nb - ntail:

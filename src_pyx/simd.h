@@ -167,15 +167,25 @@ static inline void cyf_gemv_rows(const float *x, const float *W, ptrdiff_t ldw,
 #define CYF_RB 4
 #endif
 
-/* Rows of W per pass of cyf_gemv_rows_b's tiles along a block's columns. */
-#define CYF_KG 16
+/* Rows of W per pass of cyf_gemv_rows_b's tiles: a whole block of the
+ * matrix-vector path (GEMV_ROWS), so each output's chain stays in registers
+ * from its first multiply-add to its last. */
+#define CYF_KG 64
+/* Columns per piece of cyf_gemv_rows_b: the tiles compute one piece from
+ * the cache while they prefetch the next (64 rows x 128 floats, 32 KB;
+ * pieces of 64, 256 and 512 were slower). */
+#define CYF_PIECE 128
+#define CYF_PIECE_LINES (CYF_PIECE / 16)  /* 64-byte lines per row of a piece */
 
 /* out_r[j] (+)= sum_{k0 <= k < k0 + kn} x_r[k] W[k, j], j < 2 * CYF_VW, for NR
  * (a constant once inlined) rows: k-ordered multiply-adds continuing the
- * chain left in out (from zero when k0 = 0), as cyf_gemv_rows. */
+ * chain left in out (from zero when k0 = 0), as cyf_gemv_rows.  Meanwhile
+ * lines l0 .. l1-1 of the next piece (pf: its first row, ldw apart) are
+ * prefetched, npk per row of W, so the loads spread over the products. */
 static inline __attribute__((always_inline)) void
 cyf_rows_tile(const float *x, ptrdiff_t ldx, const int NR, const float *W, ptrdiff_t ldw,
-              ptrdiff_t k0, ptrdiff_t kn, float *out, ptrdiff_t ldo)
+              ptrdiff_t k0, ptrdiff_t kn, float *out, ptrdiff_t ldo,
+              const float *pf, ptrdiff_t l0, ptrdiff_t l1, int npk)
 {
     cyf_vt a0[CYF_RB], a1[CYF_RB];
 #pragma GCC unroll 8
@@ -183,7 +193,10 @@ cyf_rows_tile(const float *x, ptrdiff_t ldx, const int NR, const float *W, ptrdi
         a0[r] = k0 ? cyf_load_t(out + r * ldo) : (cyf_vt){0};
         a1[r] = k0 ? cyf_load_t(out + r * ldo + CYF_VW) : (cyf_vt){0};
     }
+    ptrdiff_t l = l0;
     for (ptrdiff_t k = k0; k < k0 + kn; k++) {
+        for (int q = 0; q < npk && l < l1; q++, l++)
+            __builtin_prefetch(pf + (l / CYF_PIECE_LINES) * ldw + (l % CYF_PIECE_LINES) * 16, 0, 1);
         const cyf_vt w0 = cyf_load_t(W + k * ldw);
         const cyf_vt w1 = cyf_load_t(W + k * ldw + CYF_VW);
 #pragma GCC unroll 8
@@ -223,42 +236,55 @@ static inline void cyf_rows_col(const float *x, ptrdiff_t ldx, int nr, const flo
 static inline void cyf_gemv_rows_b(const float *x, ptrdiff_t ldx, int nr, const float *W, ptrdiff_t ldw,
                                    ptrdiff_t K, ptrdiff_t n, float *out, ptrdiff_t ldo)
 {
-    /* The tiles take CYF_KG rows of W at a time and walk along them, so W
-     * is read as a few contiguous streams that the hardware prefetchers
-     * follow; the partial sums wait in out between passes.  Walking each
-     * strip down all the rows instead (dozens of strided streams, even with
-     * the block prefetched first) left the tiles waiting on W. */
+    /* A tile walks its strip down the whole block, its sums in registers,
+     * reading rows of W ldw apart: as a stream from DRAM that pattern
+     * starves the tiles, but from the cache it is free.  So the columns go
+     * in pieces, and the tiles computing one piece prefetch the next, row by
+     * row, each row a contiguous run. */
     if (K <= 0) {
         for (int r = 0; r < nr; r++)
             for (ptrdiff_t j = 0; j < n; j++)
                 out[r * ldo + j] = 0.0f;
         return;
     }
+    const int ntiles = (nr + CYF_RB - 1) / CYF_RB;
     for (ptrdiff_t k0 = 0; k0 < K; k0 += CYF_KG) {
         const ptrdiff_t kn = K - k0 < CYF_KG ? K - k0 : CYF_KG;
-        ptrdiff_t j = 0;
-        for (; j + CYF_NR <= n; j += CYF_NR)
-            for (int r0 = 0; r0 < nr; r0 += CYF_RB) {  /* the strip's lines serve every row from L1 */
-                const int m = nr - r0 < CYF_RB ? nr - r0 : CYF_RB;
-                const float *xr = x + r0 * ldx;
-                float *o = out + r0 * ldo + j;
-                switch (m) {  /* a constant row count, so each case keeps its tile in registers */
+        for (ptrdiff_t p0 = 0; p0 < n; p0 += CYF_PIECE) {
+            const ptrdiff_t pe = n - p0 < CYF_PIECE ? n : p0 + CYF_PIECE;
+            /* the next piece's lines, shared out among this piece's tiles */
+            const ptrdiff_t nl = kn * CYF_PIECE_LINES;
+            const ptrdiff_t ncalls = (pe - p0) / CYF_NR * ntiles;
+            const ptrdiff_t per = ncalls ? (nl + ncalls - 1) / ncalls : 0;
+            const int npk = (int)((per + kn - 1) / kn);
+            const float *pf = pe < n ? W + k0 * ldw + pe : W + (k0 + kn) * ldw;
+            ptrdiff_t l0 = 0;
+            ptrdiff_t j = p0;
+            for (; j + CYF_NR <= pe; j += CYF_NR)
+                for (int r0 = 0; r0 < nr; r0 += CYF_RB) {  /* the strip's lines serve every row from L1 */
+                    const int m = nr - r0 < CYF_RB ? nr - r0 : CYF_RB;
+                    const float *xr = x + r0 * ldx;
+                    float *o = out + r0 * ldo + j;
+                    const ptrdiff_t l1 = l0 + per < nl ? l0 + per : nl;
+                    switch (m) {  /* a constant row count, so each case keeps its tile in registers */
 #if CYF_RB > 4
-                case 8: cyf_rows_tile(xr, ldx, 8, W + j, ldw, k0, kn, o, ldo); break;
-                case 7: cyf_rows_tile(xr, ldx, 7, W + j, ldw, k0, kn, o, ldo); break;
-                case 6: cyf_rows_tile(xr, ldx, 6, W + j, ldw, k0, kn, o, ldo); break;
-                case 5: cyf_rows_tile(xr, ldx, 5, W + j, ldw, k0, kn, o, ldo); break;
+                    case 8: cyf_rows_tile(xr, ldx, 8, W + j, ldw, k0, kn, o, ldo, pf, l0, l1, npk); break;
+                    case 7: cyf_rows_tile(xr, ldx, 7, W + j, ldw, k0, kn, o, ldo, pf, l0, l1, npk); break;
+                    case 6: cyf_rows_tile(xr, ldx, 6, W + j, ldw, k0, kn, o, ldo, pf, l0, l1, npk); break;
+                    case 5: cyf_rows_tile(xr, ldx, 5, W + j, ldw, k0, kn, o, ldo, pf, l0, l1, npk); break;
 #endif
-                case 4: cyf_rows_tile(xr, ldx, 4, W + j, ldw, k0, kn, o, ldo); break;
-                case 3: cyf_rows_tile(xr, ldx, 3, W + j, ldw, k0, kn, o, ldo); break;
-                case 2: cyf_rows_tile(xr, ldx, 2, W + j, ldw, k0, kn, o, ldo); break;
-                default: cyf_rows_tile(xr, ldx, 1, W + j, ldw, k0, kn, o, ldo); break;
+                    case 4: cyf_rows_tile(xr, ldx, 4, W + j, ldw, k0, kn, o, ldo, pf, l0, l1, npk); break;
+                    case 3: cyf_rows_tile(xr, ldx, 3, W + j, ldw, k0, kn, o, ldo, pf, l0, l1, npk); break;
+                    case 2: cyf_rows_tile(xr, ldx, 2, W + j, ldw, k0, kn, o, ldo, pf, l0, l1, npk); break;
+                    default: cyf_rows_tile(xr, ldx, 1, W + j, ldw, k0, kn, o, ldo, pf, l0, l1, npk); break;
+                    }
+                    l0 = l1;
                 }
-            }
-        for (; j < n; j++)
-            for (int r0 = 0; r0 < nr; r0 += CYF_RB)
-                cyf_rows_col(x + r0 * ldx, ldx, nr - r0 < CYF_RB ? nr - r0 : CYF_RB, W + j, ldw, k0, kn,
-                             out + r0 * ldo + j, ldo);
+            for (; j < pe; j++)
+                for (int r0 = 0; r0 < nr; r0 += CYF_RB)
+                    cyf_rows_col(x + r0 * ldx, ldx, nr - r0 < CYF_RB ? nr - r0 : CYF_RB, W + j, ldw, k0, kn,
+                                 out + r0 * ldo + j, ldo);
+        }
     }
 }
 
@@ -308,7 +334,8 @@ static inline float cyf_lanes_sum(cyf_v8f s0, cyf_v8f s1, const float *x, const 
 /* cyf_dot(x_r, w, n) for nr rows of x (ldx apart) against one row w:
  * out[r * ldo], each over cyf_dot's 16 lanes and tree, four rows of x at
  * a time (8 accumulators: AVX2's 16 registers; AVX-512 runs
- * cyf_dot_tile16). */
+ * cyf_dot_tile16).  Its loads, 10 per 8 multiply-adds, leave no room for
+ * cyf_dot_tile16's prefetches (5 % slower with them at 16 rows). */
 static inline void cyf_dot_tile(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t n, float *out,
                                 ptrdiff_t ldo)
 {
@@ -338,11 +365,17 @@ static inline void cyf_dot_tile(const float *x, ptrdiff_t ldx, int nr, const flo
  * constant once inlined, up to 4) rows of w against 4 rows of x: 16
  * accumulators and 8 loads per 16 multiply-adds, so the rows of x, which a
  * batch of 8 or 16 no longer keeps in L1, are read half as often.  Same
- * products, lanes and tree: the same bits. */
+ * products, lanes and tree: the same bits.  Meanwhile the next NW rows of
+ * w (pf, ldw apart) are prefetched, npk lines per step: the rows of w are
+ * read from DRAM once and then serve every row of x from the cache, so
+ * without it the memory would wait while the later rows of x compute. */
 static inline __attribute__((always_inline)) void
 cyf_dot_tile16(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t ldw, const int NW,
-               ptrdiff_t n, float *out, ptrdiff_t ldo)
+               ptrdiff_t n, float *out, ptrdiff_t ldo, const float *pf, int npk)
 {
+    const ptrdiff_t lpr = (n + 15) / 16;  /* lines per row of w */
+    ptrdiff_t pc = 0;
+    int prow = 0;
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const int m = nr - r0 < 4 ? nr - r0 : 4;
         const float *xr = x + r0 * ldx;
@@ -354,6 +387,13 @@ cyf_dot_tile16(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t 
                 s[c][r] = (cyf_vt){0};
         ptrdiff_t i = 0;
         for (; i + 16 <= n; i += 16) {
+            for (int q = 0; q < npk && prow < NW; q++) {
+                __builtin_prefetch(pf + prow * ldw + pc * 16, 0, 1);
+                if (++pc == lpr) {
+                    pc = 0;
+                    prow++;
+                }
+            }
             cyf_vt wv[4];
 #pragma GCC unroll 4
             for (int c = 0; c < NW; c++)
@@ -367,6 +407,12 @@ cyf_dot_tile16(const float *x, ptrdiff_t ldx, int nr, const float *w, ptrdiff_t 
                         s[c][r] += xv * wv[c];
                 }
             }
+        }
+        if (i == n) {  /* no tail: the tree in registers */
+            for (int c = 0; c < NW; c++)
+                for (int r = 0; r < m; r++)
+                    out[c + (r0 + r) * ldo] = cyf_tree16_512(s[c][r]);
+            continue;
         }
         for (int c = 0; c < NW; c++)
             for (int r = 0; r < m; r++) {
@@ -388,12 +434,16 @@ static inline void cyf_dot_rows(const float *x, ptrdiff_t ldx, int nr, const flo
 {
     int c = 0;
 #if CYF_VW == 16
+    /* a group's steps share out the next group's lines (the 4 rows after
+     * the last group too: most often the same thread's next piece) */
+    const ptrdiff_t steps = (nr + 3) / 4 * (n / 16);
+    const int npk = steps ? (int)((4 * ((n + 15) / 16) + steps - 1) / steps) : 0;
     for (; c + 4 <= nw; c += 4)
-        cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 4, n, out + c, ldo);
+        cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 4, n, out + c, ldo, w + (c + 4) * ldw, npk);
     switch (nw - c) {
-    case 3: cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 3, n, out + c, ldo); break;
-    case 2: cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 2, n, out + c, ldo); break;
-    case 1: cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 1, n, out + c, ldo); break;
+    case 3: cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 3, n, out + c, ldo, w, 0); break;
+    case 2: cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 2, n, out + c, ldo, w, 0); break;
+    case 1: cyf_dot_tile16(x, ldx, nr, w + c * ldw, ldw, 1, n, out + c, ldo, w, 0); break;
     }
 #else
     for (; c < nw; c++)
