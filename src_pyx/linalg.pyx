@@ -37,6 +37,8 @@ cdef enum:
     # The last GEMM_TAIL_COLS (or more) columns go out in panels this wide.
     GEMM_TAIL_NC = 32
     GEMM_TAIL_COLS = 256
+    # Widest panel of _gemm_direct (multiples of GEMM_NC).
+    DIRECT_NC = 1024
     # Values of k per block of the transposed pack (one cache line of a row of W).
     PACK_KB = 16
     # Fewer rows of x than this skip the packing (_gemm_direct): below it the
@@ -512,15 +514,24 @@ cdef void _gemm_direct(float* out, const float* x, Wt W, const float* b,
     # so few rows the packing was most of the work (T = 4 took as long as
     # T = 12).  The register tile reads W's strips where they lie, and every
     # output is the GEMM's chain (multiply-adds over k = 0..K-1 from zero),
-    # so the results are bitwise those of _gemm.
-    cdef Py_ssize_t npanel = (N + GEMM_NC - 1) // GEMM_NC
+    # so the results are bitwise those of _gemm.  Panels are as wide as two
+    # per thread allow (up to DIRECT_NC): the tile prefetches along a row
+    # of W, and longer runs of it stream better (one core, x [8, 768] @
+    # 768x3072 from DRAM: 128-column panels 1.54-1.59 ms, wide ones
+    # bench/results/2026-11-26-batch-step-prefetch-amd-epyc.md).
+    cdef Py_ssize_t nc = N // (2 * nthreads) // GEMM_NC * GEMM_NC
+    cdef Py_ssize_t fit = K * GEMM_NC // T // GEMM_NC * GEMM_NC  # the tile [T, nc] in the panel scratch
+    nc = DIRECT_NC if nc > DIRECT_NC else nc
+    nc = fit if nc > fit else nc
+    nc = GEMM_NC if nc < GEMM_NC else nc
+    cdef Py_ssize_t npanel = (N + nc - 1) // nc
     cdef Py_ssize_t p, n0, pw, r
     cdef float* tile
     with parallel(num_threads=nthreads):
         tile = scratch + threadid() * _gemm_scratch(K)
         for p in prange(npanel, schedule="dynamic", chunksize=1):
-            n0 = p * GEMM_NC
-            pw = N - n0 if N - n0 < GEMM_NC else GEMM_NC
+            n0 = p * nc
+            pw = N - n0 if N - n0 < nc else nc
             cyf_gemv_rows_b(x, K, <int>T, <const float*>W.data + n0, W.ld, K, pw, tile, pw)
             for r in range(T):
                 _finish(out + r * N + n0, tile + r * pw, b + n0 if b != NULL else NULL, pw, act, accumulate)

@@ -56,10 +56,11 @@ def test_linear(rng, threads, T, K, N, w_t):
 
 
 @pytest.mark.parametrize("threads", THREADS)
-@pytest.mark.parametrize("K,N", [(96, 40), (768, 300), (64, 129)])
+@pytest.mark.parametrize("K,N", [(96, 40), (768, 300), (64, 129), (256, 2100)])
 def test_linear_rows_do_not_depend_on_how_many_from_4(rng, threads, K, N):
     """From 4 rows on, a row of x @ W + b is the same bits whatever the number
-    of rows: the unpacked path for a few rows (_gemm_direct) and the packed
+    of rows: the unpacked path for a few rows (_gemm_direct, whose panels
+    widen with N and narrow with the rows to fit its scratch) and the packed
     GEMM give every output the same chain (prefill pieces rely on it)."""
     x, W, b = f32(rng, 80, K), f32(rng, K, N), f32(rng, N)
     whole = linalg.linear_forward(x, W, b, threads=threads)
