@@ -45,9 +45,12 @@ fmt, _, orient = layout.partition(":")
 t = orient == "nk"
 rng = np.random.default_rng(0)
 Wf = (rng.standard_normal((N, K) if t else (K, N)) / np.sqrt(K)).astype(np.float32)
-one = quantize(Wf, fmt, transposed=t)
-mats = [replace(one, data=one.data.copy(), scale=None if one.scale is None else one.scale.copy())
-        for _ in range(nmat)]
+if fmt == "float32":
+    mats = [Wf.copy() for _ in range(nmat)]
+else:
+    one = quantize(Wf, fmt, transposed=t)
+    mats = [replace(one, data=one.data.copy(), scale=None if one.scale is None else one.scale.copy())
+            for _ in range(nmat)]
 x = rng.standard_normal((B, K)).astype(np.float32)
 out = np.empty((1, N), np.float32)
 ws = linalg.Workspace()
@@ -69,7 +72,9 @@ def measure(checkout, layout, shape, threads, nmat, passes, rows):
     """(GB/s of W, GFLOP/s) of one process"""
     env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
     r = subprocess.run([sys.executable, "-c", CHILD, layout, *map(str, shape), str(threads), str(nmat), str(passes),
-                        str(rows)], env=env, capture_output=True, text=True, cwd="/", check=True)
+                        str(rows)], env=env, capture_output=True, text=True, cwd="/")
+    if r.returncode:
+        sys.exit(f"{layout} {shape} in {checkout} failed:\n{r.stderr}")
     res = json.loads(r.stdout.strip().splitlines()[-1])
     return res["bytes"] / res["seconds"] / 1e9, 2 * rows * shape[0] * shape[1] * nmat / res["seconds"] / 1e9
 
