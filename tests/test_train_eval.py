@@ -160,9 +160,18 @@ class Counter:
 '''
 
 
+def script_env(**extra):
+    """The environment for a train/ script: it imports the cyformer these
+    tests import (an installed wheel, or a source tree built in place, which
+    a script run from train/ would not find on its own)."""
+    where = os.path.dirname(os.path.dirname(os.path.abspath(cyformer.__file__)))
+    path = os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def run_evaluate(*args):
     proc = subprocess.run([sys.executable, os.path.join(TRAIN, "evaluate.py"), *args],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=script_env())
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -240,7 +249,7 @@ def test_training_script_toy_run(tmp_path):
          "--steps", "20", "--warmup", "5", "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
          "--n-positions", "64", "--vocab-size", "300", "--batch-size", "4", "--eval-windows", "4",
          "--evals", "1", "--threads", "1", "--no-evaluate", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        capture_output=True, text=True, timeout=600, env=script_env(TOKENIZERS_PARALLELISM="false"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json",
                  "loss_curve.png", "MODEL_CARD.md"):
