@@ -395,8 +395,9 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
     # finishes first waits for a fraction of a block rather than a whole one.
     # With B rows of x, each piece of a block is read from DRAM once and
     # then serves every row from the cache (pieces of GEMV_B_COLS columns
-    # stay in L2; the register tile reads each weight once for all rows, in
-    # longer pieces); every row's sums are those of a one-row product.
+    # stay in L2; the register tile reads each weight once for all rows,
+    # taking the block's whole rows and prefetching as it goes); every row's
+    # sums are those of a one-row product.
     cdef Py_ssize_t per = gemv_per_thread(N, team.size)
     cdef Py_ssize_t n0 = team.tid * per
     cdef Py_ssize_t* counter = team.counter
@@ -451,8 +452,6 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
     pw = (N + GEMV_TAIL_PIECES - 1) // GEMV_TAIL_PIECES
     pw = (pw + 15) // 16 * 16
     tile = B >= GEMV_TILE_ROWS and W.f.gemv_block_rows != NULL  # each weight loaded once for all rows
-    # the tile takes whole rows: its pieces prefetch the next, the last one
-    # the next block's first
     maxw = GEMV_COLS if B == 1 else N if tile else GEMV_B_COLS
     item = cyf_next_item(counter)
     while item < nitems:

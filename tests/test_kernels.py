@@ -74,8 +74,8 @@ def test_linear_rows_do_not_depend_on_how_many_from_4(rng, threads, K, N):
 @pytest.mark.parametrize("w_t", [False, True], ids=["KN", "NK"])
 def test_batched_step_rows_are_each_row_alone(rng, threads, K, N, w_t):
     """The batched decode step's float32 product (matvec_rows: from
-    GEMV_TILE_ROWS rows on, for W [K, N] passes of a few rows of W carrying
-    the sums in memory; for W [N, K] tiles of 4 rows of W by 4 of x) gives
+    GEMV_TILE_ROWS rows on, for W [K, N] tiles walking each 64-row block in
+    column pieces; for W [N, K] tiles of 4 rows of W by 4 of x) gives
     every row of x the bits of that row alone, for any number of rows,
     ragged K and N included."""
     x, W = f32(rng, 19, K), f32(rng, K, N)
