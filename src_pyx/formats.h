@@ -420,14 +420,41 @@ static void cyf_i4q_dot_tp_rows_generic(float *acc, const void *xp, ptrdiff_t ld
  * correction, so vpdpbusd leaves the exact lane sum.  A tile of MX prepared
  * rows of x (ldxp bytes apart) and MW rows of W shares every load; MX, MW
  * are constants once inlined. */
-/* Several rows of x (the batched step): each weight row's runs asked for
- * CYF_ROWS_AHEAD rows ahead (one row of x streams fine on the hardware
- * prefetchers alone); int8's and int4's tiles. */
-#define CYF_ROWS_AHEAD 4
+/* Several rows of x (the batched step, pf set): the tile MW rows of W ahead
+ * times CYF_TILES_AHEAD is asked for in memory order, MW lines per step.
+ * Rows are stored one after another, so that is one stream; asked for row
+ * by row, MW short streams side by side, it came from DRAM at half the
+ * speed.  One row of x streams fine on the hardware prefetchers alone.
+ * int8's and int4's tiles. */
+#define CYF_TILES_AHEAD 2
+/* The walk of a batched product over its tiles, TILE(MW, MX) reading j and
+ * r0: nr > 1 rows of x meet 4 rows of W at a time, 4 rows of x per tile;
+ * the last rows of W, or one row of x, a row of W at a time. */
+#define CYF_Q_TILE_WALK(TILE, nr, nw)                                    \
+    do {                                                                 \
+        ptrdiff_t j = 0;                                                 \
+        if ((nr) > 1)                                                    \
+            for (; j + 4 <= (nw); j += 4)                                \
+                for (int r0 = 0; r0 < (nr); r0 += 4)                     \
+                    switch ((nr) - r0 < 4 ? (nr) - r0 : 4) {             \
+                    case 1: TILE(4, 1); break;                           \
+                    case 2: TILE(4, 2); break;                           \
+                    case 3: TILE(4, 3); break;                           \
+                    default: TILE(4, 4);                                 \
+                    }                                                    \
+        for (; j < (nw); j++)                                            \
+            for (int r0 = 0; r0 < (nr); r0 += 4)                         \
+                switch ((nr) - r0 < 4 ? (nr) - r0 : 4) {                 \
+                case 1: TILE(1, 1); break;                               \
+                case 2: TILE(1, 2); break;                               \
+                case 3: TILE(1, 3); break;                               \
+                default: TILE(1, 4);                                     \
+                }                                                        \
+    } while (0)
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed char *w, ptrdiff_t ld, const int MW,
                                       const unsigned char *xp, ptrdiff_t ldxp, const int MX, ptrdiff_t npair,
-                                      ptrdiff_t K)
+                                      ptrdiff_t K, const int pf)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const ptrdiff_t full = K / CYF_QP;
@@ -439,9 +466,9 @@ static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed 
 #define CYF_I8Q_T_STEP(LOAD)                                                                              \
     do {                                                                                                  \
         __m512i wv[4];                                                                                    \
-        if (MX > 1)                                                                                       \
+        if (pf)                                                                                           \
             for (int m = 0; m < MW; m++)                                                                  \
-                _mm_prefetch((const char *)(w + (CYF_ROWS_AHEAD + m) * ld + p * CYF_QP), _MM_HINT_T0);  \
+                _mm_prefetch((const char *)(w + CYF_TILES_AHEAD * MW * ld + (p * MW + m) * 64), _MM_HINT_T0);           \
         for (int m = 0; m < MW; m++)                                                                      \
             wv[m] = _mm512_xor_si512(LOAD(w + m * ld + p * CYF_QP), flip);                                \
         for (int r = 0; r < MX; r++) {                                                                    \
@@ -469,13 +496,13 @@ static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed 
 }
 
 /* acc[j + r * nw] = prepared row r of x (ldxp bytes apart) . row a + j of
- * W [N, K]: each row of W meets up to 4 rows of x from registers; every
- * row's arithmetic is the one-row kernel's.  W is read a row at a time:
- * from DRAM, two or four rows read side by side streamed at 8-13 GB/s on one
- * Zen 4 core, one row at a time at 28-30 (50257 x 768).  For the batched
- * step (one core, GPT-2-small geometry, 8 rows of x) asking for the whole
- * piece of W into L2 first, then 2 rows of W per tile, took 40.7 ms a step;
- * one row per tile 31.2, and prefetching 4 rows ahead instead 26.7. */
+ * W [N, K]; every row's arithmetic is the one-row kernel's.  One row of x
+ * reads W a row at a time: from DRAM, rows read side by side on the
+ * hardware prefetchers alone streamed at 8-13 GB/s on one Zen 4 core, one
+ * row at a time at 28-30 (50257 x 768).  Several rows of x: every 4 rows of
+ * W meet all of them, 4 at a time from registers, so W comes from DRAM once
+ * and each weight serves 4 rows of x per load (with one row of W per tile,
+ * the batched step was load-bound). */
 __attribute__((target("avx512vnni")))
 static void cyf_i8q_dot_tp_rows_vnni(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
                                      ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
@@ -483,19 +510,10 @@ static void cyf_i8q_dot_tp_rows_vnni(float *acc, const void *xpv, ptrdiff_t ldxp
     const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, ld = W->ld;
     const signed char *Wd = (const signed char *)W->data + a * ld;
     const unsigned char *xp = (const unsigned char *)xpv;
-    for (int r0 = 0; r0 < nr; r0 += 4) {
-        const int mx = nr - r0 < 4 ? nr - r0 : 4;
-        const unsigned char *x0 = xp + r0 * ldxp;
-        float *ar = acc + r0 * nw;
-        ptrdiff_t j = 0;
-        for (; j < nw; j++)
-            switch (mx) {
-            case 1: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 1, npair, K); break;
-            case 2: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 2, npair, K); break;
-            case 3: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 3, npair, K); break;
-            default: cyf_i8q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, 1, x0, ldxp, 4, npair, K);
-            }
-    }
+#define CYF_I8Q_TILE(MW, MX) \
+    cyf_i8q_dot_t_tile(acc + r0 * nw + j, nw, Wd + j * ld, ld, MW, xp + r0 * ldxp, ldxp, MX, npair, K, nr > 1)
+    CYF_Q_TILE_WALK(CYF_I8Q_TILE, nr, nw);
+#undef CYF_I8Q_TILE
 }
 
 /* cyf_q4_row_t in AVX-512, the same bits: cyf_q8_block's float steps per
@@ -560,24 +578,24 @@ static inline void cyf_q4_row_t_vnni(const float *x, ptrdiff_t K, signed char *q
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_i4q_dot_t_tile(float *acc, ptrdiff_t ldacc, const unsigned char *w, ptrdiff_t ld,
                                       const float *sc, ptrdiff_t ng, const int MW, const unsigned char *xp,
-                                      ptrdiff_t ldxp, const int MX, ptrdiff_t nch, ptrdiff_t K)
+                                      ptrdiff_t ldxp, const int MX, ptrdiff_t nch, ptrdiff_t K, const int pf)
 {
     const __m512i nib = _mm512_set1_epi8(15);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const ptrdiff_t nbytes = (K + 1) / 2, full = nbytes / 64;
     const __mmask64 last = full < nch ? (__mmask64)-1 >> (64 - (nbytes - full * 64)) : 0;
     const __mmask8 lastg = full < nch ? (__mmask8)((1u << (ng - 4 * full)) - 1u) : 0;
-    __m512 f[4][2];
+    __m512 f[4][4];
     for (int r = 0; r < MX; r++)
         for (int m = 0; m < MW; m++)
             f[r][m] = _mm512_setzero_ps();
 #define CYF_I4Q_T_STEP(LOADW, LOADS)                                                                      \
     do {                                                                                                  \
-        __m512i lo[2], hi[2];                                                                             \
-        __m512 s16[2];                                                                                    \
-        if (MX > 1)                                                                                       \
+        __m512i lo[4], hi[4];                                                                             \
+        __m512 s16[4];                                                                                    \
+        if (pf)                                                                                           \
             for (int m = 0; m < MW; m++)                                                                  \
-                _mm_prefetch((const char *)(w + (CYF_ROWS_AHEAD + m) * ld + c * 64), _MM_HINT_T0);          \
+                _mm_prefetch((const char *)(w + CYF_TILES_AHEAD * MW * ld + (c * MW + m) * 64), _MM_HINT_T0);           \
         for (int m = 0; m < MW; m++) {                                                                    \
             const __m512i v = LOADW(w + m * ld + c * 64);                                                 \
             lo[m] = _mm512_and_si512(v, nib);                                                             \
@@ -625,12 +643,9 @@ static void cyf_i4q_prep_vnni(void *xp, const float *x, ptrdiff_t K)
 }
 
 /* acc[j + r * nw] = prepared row r of x (ldxp bytes apart) . row a + j of
- * W [N, K]: every 2 rows of W meet 4 rows of x from registers (one row of
- * x: one row of W at a time, as int8's, which streams best from DRAM);
- * every row's arithmetic is the one-row kernel's.  With several rows of x
- * the rows of W are asked for CYF_ROWS_AHEAD rows ahead, as int8's, not the
- * whole piece first: the batched step of 8 / 16 sequences on one core
- * (GPT-2 small) 20.4-21.9 / 37.4-38.5 ms -> 18.7-19.0 / 35.7-36.7 ms. */
+ * W [N, K], walked as int8's: one row of x, one row of W at a time; several,
+ * every 4 rows of W against all of them, 4 at a time from registers.  Every
+ * row's arithmetic is the one-row kernel's. */
 __attribute__((target("avx512vnni")))
 static void cyf_i4q_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
                                      ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
@@ -639,37 +654,10 @@ static void cyf_i4q_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp,
     const ptrdiff_t ng = (K + CYF_GROUP - 1) / CYF_GROUP;
     const unsigned char *Wd = (const unsigned char *)W->data + a * ld;
     const float *S = W->scale + a * ng;
-    for (int r0 = 0; r0 < nr; r0 += 4) {
-        const int mx = nr - r0 < 4 ? nr - r0 : 4;
-        const unsigned char *x0 = (const unsigned char *)xp + r0 * ldxp;
-        float *ar = acc + r0 * nw;
-        ptrdiff_t j = 0;
-#define CYF_I4Q_TILE(MW, MX) cyf_i4q_dot_t_tile(ar + j, nw, Wd + j * ld, ld, S + j * ng, ng, MW, x0, ldxp, MX, nch, K)
-        switch (mx) {  /* constant tile shapes: the accumulators stay in registers */
-        case 1:
-            for (; j < nw; j++)
-                CYF_I4Q_TILE(1, 1);
-            break;
-        case 2:
-            for (; j + 2 <= nw; j += 2)
-                CYF_I4Q_TILE(2, 2);
-            break;
-        case 3:
-            for (; j + 2 <= nw; j += 2)
-                CYF_I4Q_TILE(2, 3);
-            break;
-        default:
-            for (; j + 2 <= nw; j += 2)
-                CYF_I4Q_TILE(2, 4);
-        }
-        for (; j < nw; j++)
-            switch (mx) {
-            case 2: CYF_I4Q_TILE(1, 2); break;
-            case 3: CYF_I4Q_TILE(1, 3); break;
-            default: CYF_I4Q_TILE(1, 4);
-            }
+#define CYF_I4Q_TILE(MW, MX) cyf_i4q_dot_t_tile(acc + r0 * nw + j, nw, Wd + j * ld, ld, S + j * ng, ng, MW, \
+                                                (const unsigned char *)xp + r0 * ldxp, ldxp, MX, nch, K, nr > 1)
+    CYF_Q_TILE_WALK(CYF_I4Q_TILE, nr, nw);
 #undef CYF_I4Q_TILE
-    }
 }
 #else
 #define CYF_HAVE_VNNI_KERNELS 0
