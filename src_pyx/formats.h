@@ -1305,24 +1305,27 @@ static void cyf_q40_prep(void *xp, const float *x, ptrdiff_t K)
 }
 
 /* Decode of a row of records for nr prepared rows of x (ldxp bytes apart;
- * dot_t: nr = 1), 4 rows of x at a time: each chunk of a row of W is loaded
- * once into registers for all 4, and every row's arithmetic is the one-row
+ * dot_t: nr = 1): each chunk of a row of W is unpacked once into registers
+ * for up to 16 rows of x, whose sums wait in memory between chunks (one
+ * load and store per 512 inputs); every row's arithmetic is the one-row
  * kernel's, so are its bits.  q4_0 (nib) unpacks its nibbles and takes 8 *
  * the codes' sums off (cyf_q40_x), q8_0 flips its codes' sign bit and takes
  * 128 * them.  K < 32 (no block) gives zeros, as the generic loops do. */
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_rec_dot_tp_vnni_(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
-                                        ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib)
+                                        ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib, const int MAXR)
 {
     const ptrdiff_t nblk = K / CYF_QB, ld = W->ld, rec = nib ? CYF_Q40_REC : CYF_Q80_REC;
     const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES;
     const unsigned char *xp = (const unsigned char *)xpv;
     __m512i wv[8];
-    for (int r0 = 0; r0 < nr; r0 += 4) {
-        const int m = nr - r0 < 4 ? nr - r0 : 4;
+    __m512 s[16];
+    for (int r0 = 0; r0 < nr; r0 += MAXR) {
+        const int m = nr - r0 < MAXR ? nr - r0 : MAXR;
         for (ptrdiff_t j = 0; j < nw; j++) {
             const unsigned char *row = (const unsigned char *)W->data + (a + j) * ld;
-            __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (int r = 0; r < m; r++)
+                s[r] = _mm512_setzero_ps();
             for (ptrdiff_t c = 0; c < nch; c++) {
                 const unsigned char *rc = row + c * CYF_Q80_LANES * rec;
                 const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES
@@ -1348,14 +1351,20 @@ __attribute__((target("avx512vnni")))
 static void cyf_q80_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W, ptrdiff_t a,
                                      ptrdiff_t nw, ptrdiff_t K)
 {
-    cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 0);
+    if (nr == 1)  /* its sum stays in a register: decode */
+        cyf_rec_dot_tp_vnni_(acc, xp, ldxp, 1, W, a, nw, K, 0, 1);
+    else
+        cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 0, 16);
 }
 
 __attribute__((target("avx512vnni")))
 static void cyf_q40_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W, ptrdiff_t a,
                                      ptrdiff_t nw, ptrdiff_t K)
 {
-    cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 1);
+    if (nr == 1)
+        cyf_rec_dot_tp_vnni_(acc, xp, ldxp, 1, W, a, nw, K, 1, 1);
+    else
+        cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 1, 16);
 }
 #endif
 
