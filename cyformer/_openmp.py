@@ -33,3 +33,17 @@ def _after_fork_in_child():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def release_this_thread():
+    """End the worker threads of this thread's OpenMP team (the next kernel
+    call from this thread starts them again).
+
+    libgomp counts every thread it keeps, idle teams of other Python threads
+    included, and once that count passes the CPUs its threads spin ~100
+    times and then sleep before every parallel region: a wake-up per kernel
+    call.  A thread about to hand the kernels to another one (the Engine's)
+    calls this, so the idle team it left does not slow that one."""
+    if not one_thread:
+        _runtime.release_threads()
+

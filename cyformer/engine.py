@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Un
 
 import numpy as np
 
-from . import _checks
+from . import _checks, _openmp
 from .errors import CyformerError
 from .generate import CANCELLED, CONTEXT, Decoding, Finished, Generation, TokenLogprob
 from .kv_cache import GROW_MIN, KVCache, ROUND
@@ -504,6 +504,10 @@ class Engine:
         self._incoming = []
         self._closing = False
         self._cancel_all = False
+        # the kernels run on the engine's thread from here: the team this
+        # thread's earlier calls left (a generate() first) would make every
+        # parallel region of the engine's a sleep and a wake-up (_openmp)
+        _openmp.release_this_thread()
         self._thread = threading.Thread(target=self._loop, name="cyformer-engine", daemon=True)
         self._thread.start()
 

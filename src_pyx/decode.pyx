@@ -25,6 +25,7 @@ than a barrier.
 
 from cython.parallel cimport parallel, threadid
 from libc.stdlib cimport calloc, free
+from libc.string cimport memset
 
 import numpy as np
 
@@ -36,10 +37,10 @@ from ._util cimport cptr, f32, wptr
 from .activations cimport ACT_NONE, ACT_SWIGLU
 from .attention cimport append_kv_head, attend_one, attend_one_scratch_size, rope_head
 from .linalg cimport (GEMV_COLS, Epilogue, Team, Wt, dequant_row, gemv_acc_size, gemv_partials_size,
-                      gemv_team_rows, team_of, weights_of)
+                      gemv_team_rows, team_barrier, team_of, weights_of)
 from .norm cimport norm_row
 from .simd cimport cyf_swiglu_n
-from .team cimport cyf_team_size, cyf_barrier
+from .team cimport cyf_bar, cyf_team_size
 
 from .mlp import MLP_KINDS
 from .norm import KINDS as NORM_KINDS
@@ -136,9 +137,11 @@ cdef void _step(const Net* net, const Layer* layers, const Seq* seqs, Py_ssize_t
     # work counters: [0] for every W [K, N] product (each leaves it at 0),
     # [1] for the unembedding
     cdef Py_ssize_t counters[2]
+    cdef cyf_bar bar
     counters[0] = counters[1] = 0
+    memset(&bar, 0, sizeof(bar))
     with parallel(num_threads=nthreads):
-        team = team_of(threadid(), cyf_team_size(), &counters[0])
+        team = team_of(threadid(), cyf_team_size(), &counters[0], &bar)
         x = mem.private + team.tid * mem.private_size   # [B, C], this thread's copy
         acc = x + _lines16(B * C)
         s = acc + GEMV_COLS
@@ -148,13 +151,13 @@ cdef void _step(const Net* net, const Layer* layers, const Seq* seqs, Py_ssize_t
                 if net.wpe != NULL:
                     for c in range(C):
                         resid[r * C + c] = resid[r * C + c] + net.wpe[seqs[r].past * C + c]
-        cyf_barrier()
+        team_barrier(team)
         for l in range(net.n_layer):
             ly = layers + l
             _norms(net.norm, x, resid, ly.ln1_g, ly.ln1_b, B, C, net.eps)
             gemv_team_rows(qkv, NQ, x, C, B, ly.attn_w, C, NQ, _ep(ly.attn_b, ACT_NONE, False),
                            mem.partials, acc, team)
-            cyf_barrier()
+            team_barrier(team)
             # query and key heads (H + G per sequence) rotated, then cached
             if net.rope_cos != NULL:
                 for i in range(team.tid * B * (H + G) // team.size, (team.tid + 1) * B * (H + G) // team.size):
@@ -162,12 +165,12 @@ cdef void _step(const Net* net, const Layer* layers, const Seq* seqs, Py_ssize_t
                     p = seqs[r].past
                     rope_head(qkv + r * NQ + (i % (H + G)) * D, D, net.rope_cos + p * half,
                               net.rope_sin + p * half)
-                cyf_barrier()
+                team_barrier(team)
             for i in range(team.tid * B * G // team.size, (team.tid + 1) * B * G // team.size):
                 sq = seqs + i // G
                 append_kv_head(qkv + (i // G) * NQ, sq.k + l * G * D * sq.cap, sq.v + l * G * sq.cap * D,
                                sq.past, 1, i % G, H, G, D, sq.cap)
-            cyf_barrier()
+            team_barrier(team)
             for i in range(team.tid * B * H // team.size, (team.tid + 1) * B * H // team.size):
                 r = i // H
                 h = i % H
@@ -177,15 +180,15 @@ cdef void _step(const Net* net, const Layer* layers, const Seq* seqs, Py_ssize_t
                 vl = sq.v + l * G * sq.cap * D
                 attend_one(z + r * H * D + h * D, qkv + r * NQ + h * D, kl + g * D * sq.cap,
                            vl + g * sq.cap * D, sq.past + 1, D, sq.cap, s, sq.past + 1, NULL, NULL, 0)
-            cyf_barrier()
+            team_barrier(team)
             gemv_team_rows(resid, C, z, H * D, B, ly.attn_proj_w, H * D, C,
                            _ep(ly.attn_proj_b, ACT_NONE, True), mem.partials, acc, team)
-            cyf_barrier()
+            team_barrier(team)
             _norms(net.norm, x, resid, ly.ln2_g, ly.ln2_b, B, C, net.eps)
             if gated:
                 gemv_team_rows(gate_up, 2 * F, x, C, B, ly.fc_w, C, 2 * F, _ep(ly.fc_b, ACT_NONE, False),
                                mem.partials, acc, team)
-                cyf_barrier()
+                team_barrier(team)
                 # in 16-float pieces, as gemv_team splits its outputs
                 f0 = team.tid * F // team.size // 16 * 16
                 f1 = F if team.tid == team.size - 1 else (team.tid + 1) * F // team.size // 16 * 16
@@ -196,12 +199,12 @@ cdef void _step(const Net* net, const Layer* layers, const Seq* seqs, Py_ssize_t
             else:
                 gemv_team_rows(hidden, F, x, C, B, ly.fc_w, C, F, _ep(ly.fc_b, net.act, False),
                                mem.partials, acc, team)
-            cyf_barrier()
+            team_barrier(team)
             gemv_team_rows(resid, C, hidden, F, B, ly.mlp_proj_w, F, C, _ep(ly.mlp_proj_b, ACT_NONE, True),
                            mem.partials, acc, team)
-            cyf_barrier()
+            team_barrier(team)
         _norms(net.norm, x, resid, net.lnf_g, net.lnf_b, B, C, net.eps)
-        team = team_of(team.tid, team.size, &counters[1])
+        team = team_of(team.tid, team.size, &counters[1], &bar)
         gemv_team_rows(logits, net.V, x, C, B, net.lm_head, C, net.V, _ep(net.lm_b, ACT_NONE, False), NULL,
                        acc, team)
 

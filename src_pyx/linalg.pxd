@@ -16,6 +16,8 @@
 # the format table, orientation.  Stored [K, N] (in, out), or [N, K] when t
 # (a row per output: the unembedding).  Callers ask W.f for the format's
 # kernels and never test the format.
+from .team cimport cyf_bar, cyf_bar_wait
+
 cdef extern from "formats.h" nogil:
     # The integer GEMM of int8 / int4 weights (qgemm.h): panel packing and the register tile.
     ctypedef struct cyf_qgemm:
@@ -160,14 +162,19 @@ cdef struct Team:
     int tid
     int size
     Py_ssize_t* counter  # work counter shared by the team
+    cyf_bar* bar         # the team's barrier, shared (zeroed before the region)
 
 # Build one by assigning the whole struct inside the parallel block (Cython
 # makes a variable thread-private only when the variable itself is assigned;
 # setting its fields would share one struct between the threads).
-cdef inline Team team_of(int tid, int size, Py_ssize_t* counter) noexcept nogil:
+cdef inline Team team_of(int tid, int size, Py_ssize_t* counter, cyf_bar* bar) noexcept nogil:
     cdef Team t
-    t.tid, t.size, t.counter = tid, size, counter
+    t.tid, t.size, t.counter, t.bar = tid, size, counter, bar
     return t
+
+# Every thread of the team waits for the others.
+cdef inline void team_barrier(Team t) noexcept nogil:
+    cyf_bar_wait(t.bar, t.size)
 
 # One row's matrix-vector product through the epilogue: x [K] @ W [K, N]
 # (W [N, K] with w_t), shared by the team of the enclosing parallel region:

@@ -441,7 +441,7 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
             blk = cyf_next_item(counter)
         # as below: the counter is 0 again for the next product (a block
         # matrix stored [N, K], q8_0's, shares the counter of [K, N] ones)
-        cyf_barrier()
+        team_barrier(team)
         if team.tid == 0:
             counter[0] = 0
         return
@@ -472,7 +472,7 @@ cdef void gemv_team_rows(float* out, Py_ssize_t ldo, const float* x, Py_ssize_t 
                     W.f.gemv_block(partials + (r * nb + blk) * N + c0, x + r * ldx, &W, k0, kb, c0, cw, N, acc)
             c0 += cw
         item = cyf_next_item(counter)
-    cyf_barrier()
+    team_barrier(team)
     if team.tid == 0:  # every thread has drawn its last item: ready for the next product
         counter[0] = 0
     if n0 < n1:
@@ -492,18 +492,20 @@ cdef void _gemv(float* out, const float* x, Wt W, const float* b,
     cdef float* partials = scratch
     cdef float* accs = scratch + (0 if W.t else gemv_partials_size(K, N))
     cdef Py_ssize_t counters[MATVEC_ROWS]  # one per row (T < MATVEC_ROWS)
+    cdef cyf_bar bar
     cdef Py_ssize_t t
     cdef Team team
     cdef Epilogue ep
     ep.bias, ep.act, ep.accumulate = b, act, accumulate
     for t in range(T):
         counters[t] = 0
+    memset(&bar, 0, sizeof(bar))
     with parallel(num_threads=nthreads):
         for t in range(T):
-            team = team_of(threadid(), cyf_team_size(), &counters[t])
+            team = team_of(threadid(), cyf_team_size(), &counters[t], &bar)
             gemv_team(out + t * N, x + t * K, W, K, N, ep, partials,
                       accs + team.tid * gemv_acc_size(1, K), team)
-            cyf_barrier()  # the partials are reused by the next row
+            team_barrier(team)  # the partials are reused by the next row
 
 
 cdef void _gemm_direct(float* out, const float* x, Wt W, const float* b,
@@ -890,11 +892,13 @@ def matvec_rows(x, W, *, w_transposed=False, threads=None):
     cdef float* po = wptr(out)
     cdef const float* px = cptr(x)
     cdef Py_ssize_t counter = 0
+    cdef cyf_bar bar
     cdef Epilogue ep
     cdef Team team
     ep.bias, ep.act, ep.accumulate = NULL, ACT_NONE, False
+    memset(&bar, 0, sizeof(bar))
     with nogil, parallel(num_threads=nt):
-        team = team_of(threadid(), cyf_team_size(), &counter)
+        team = team_of(threadid(), cyf_team_size(), &counter, &bar)
         gemv_team_rows(po, N, px, K, B, w, K, N, ep, ps, ps + npart + team.tid * per, team)
     return out
 

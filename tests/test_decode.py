@@ -2,6 +2,8 @@
 in one kernel call.  It must give bitwise the logits and cache of the
 per-op kernels, match Hugging Face's cached decoding, and refuse bad input."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -186,6 +188,47 @@ def test_batched_step_refuses_bad_batches():
         step([1, 2], [a.k, a.k], [a.v, b.v], [0, 0])
     with pytest.raises(ValueError, match="is outside the cache"):
         step([1, 2], [a.k, b.k], [a.v, b.v], [0, 9 + PAD])
+
+
+def test_step_barrier_with_more_threads_than_cpus_beside_another_team(rng):
+    """The fused step's team barrier: a team larger than the CPUs (its
+    waits go to sleep on the futex almost at once), run from a second
+    Python thread while the first one's OpenMP team sits idle, gives the
+    one-thread logits and caches at every step."""
+    import threading
+    be = cyformer.load(threads=2).backend
+    V = be.config.vocab_size
+    n = min((os.cpu_count() or 1) + 1, 8)
+    be.run(rng.integers(0, V, size=5), be.new_cache(8))  # this thread's team of 2, left idle
+    lens = [3, 9, 1, 6, 12]
+    caches = {}
+    for t in (1, n):
+        caches[t] = []
+        for m in lens:
+            kv = be.new_cache(m + 8)
+            be.run(np.arange(m) % V, kv)
+            caches[t].append(kv)
+    out = {1: [], n: []}
+    steps = rng.integers(0, V, size=(6, len(lens)))
+
+    def run(t):
+        for tokens in steps:
+            kvs = caches[t]
+            out[t].append(be.step.batch(tokens, [kv.k for kv in kvs], [kv.v for kv in kvs],
+                                        [kv.length for kv in kvs], threads=t))
+            for kv in kvs:
+                kv.length += 1
+
+    run(1)
+    worker = threading.Thread(target=run, args=(n,))
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    assert len(out[n]) == len(steps)
+    for a, b in zip(out[1], out[n]):
+        assert np.array_equal(a, b)
+    for a, b in zip(caches[1], caches[n]):
+        assert np.array_equal(a.k, b.k) and np.array_equal(a.v, b.v)
 
 
 @pytest.mark.parametrize("T", [4, 13, 40])

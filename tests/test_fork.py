@@ -143,3 +143,24 @@ def test_children_run_the_model_after_a_threaded_call(child_script, mode, thread
     assert [w["threads"] for w in r["workers"]] == threads
     for w in r["workers"]:
         assert (w["forward"], w["generate"]) == (parent["forward"], parent["generate"])
+
+
+def test_kernels_run_again_after_the_thread_ends_its_team():
+    """An Engine ends the OpenMP team of the thread that makes it
+    (_openmp.release_this_thread), so that an idle team does not slow the
+    engine's; that thread's next kernel call starts a new team, with the
+    same results, while the engine runs and after it closes."""
+    import numpy as np
+
+    import cyformer
+    from cyformer import _openmp
+    from cyformer.engine import Engine
+
+    m = cyformer.load(threads=2)
+    ids = list(range(1, 30))
+    want = m.forward(ids)
+    _openmp.release_this_thread()
+    assert np.array_equal(m.forward(ids), want)
+    with Engine(m):
+        assert np.array_equal(m.forward(ids), want)
+    assert np.array_equal(m.forward(ids), want)

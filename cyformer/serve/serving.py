@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from .. import _openmp
 from ..chat import ChatTemplate, chat_generation, check_messages
 from ..engine import EngineBusy, EngineClosed
 from ..errors import ChatTemplateError, CyformerError, TokenizerError
@@ -262,7 +263,10 @@ class OpenAIServing:
     def prompt_logprobs(self, ids, k):
         """([None] + Model.score's values, [None] + top-k {string: logprob} per position) of ids [T]."""
         ids = np.asarray(ids, dtype=np.int64)
-        logits = self.model.forward(ids)
+        try:
+            logits = self.model.forward(ids)
+        finally:  # on a worker thread beside the engine's: leave no idle team (_openmp)
+            _openmp.release_this_thread()
         values, tops = [None], [None]
         for t0 in range(0, ids.size - 1, 64):  # as Model.score: float64 rows in blocks of 64
             t1 = min(t0 + 64, ids.size - 1)
