@@ -430,26 +430,22 @@ static void cyf_i4q_dot_tp_rows_generic(float *acc, const void *xp, ptrdiff_t ld
 /* The walk of a batched product over its tiles, TILE(MW, MX) reading j and
  * r0: nr > 1 rows of x meet 4 rows of W at a time, 4 rows of x per tile;
  * the last rows of W, or one row of x, a row of W at a time. */
+#define CYF_Q_TILE_ROWS(TILE, MW, nr)                                    \
+    for (int r0 = 0; r0 < (nr); r0 += 4)                                 \
+        switch ((nr) - r0 < 4 ? (nr) - r0 : 4) {                         \
+        case 1: TILE(MW, 1); break;                                      \
+        case 2: TILE(MW, 2); break;                                      \
+        case 3: TILE(MW, 3); break;                                      \
+        default: TILE(MW, 4);                                            \
+        }
 #define CYF_Q_TILE_WALK(TILE, nr, nw)                                    \
     do {                                                                 \
         ptrdiff_t j = 0;                                                 \
         if ((nr) > 1)                                                    \
             for (; j + 4 <= (nw); j += 4)                                \
-                for (int r0 = 0; r0 < (nr); r0 += 4)                     \
-                    switch ((nr) - r0 < 4 ? (nr) - r0 : 4) {             \
-                    case 1: TILE(4, 1); break;                           \
-                    case 2: TILE(4, 2); break;                           \
-                    case 3: TILE(4, 3); break;                           \
-                    default: TILE(4, 4);                                 \
-                    }                                                    \
+                CYF_Q_TILE_ROWS(TILE, 4, nr);                            \
         for (; j < (nw); j++)                                            \
-            for (int r0 = 0; r0 < (nr); r0 += 4)                         \
-                switch ((nr) - r0 < 4 ? (nr) - r0 : 4) {                 \
-                case 1: TILE(1, 1); break;                               \
-                case 2: TILE(1, 2); break;                               \
-                case 3: TILE(1, 3); break;                               \
-                default: TILE(1, 4);                                     \
-                }                                                        \
+            CYF_Q_TILE_ROWS(TILE, 1, nr);                                \
     } while (0)
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_i8q_dot_t_tile(float *acc, ptrdiff_t ldacc, const signed char *w, ptrdiff_t ld, const int MW,

@@ -15,7 +15,17 @@ static inline ptrdiff_t cyf_next_item(ptrdiff_t *counter)
 #ifdef _OPENMP
 #include <omp.h>
 static inline int cyf_team_size(void) { return omp_get_num_threads(); }
-static inline int cyf_cpus(void) { return omp_get_num_procs(); }
+/* omp_get_num_procs asks the OS for the affinity mask on every call: once */
+static inline int cyf_cpus(void)
+{
+    static int cpus;
+    int n = __atomic_load_n(&cpus, __ATOMIC_RELAXED);
+    if (!n) {
+        n = omp_get_num_procs();
+        __atomic_store_n(&cpus, n, __ATOMIC_RELAXED);
+    }
+    return n;
+}
 static inline void cyf_barrier(void)
 {
 #pragma omp barrier
