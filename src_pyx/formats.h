@@ -680,39 +680,62 @@ static void cyf_i4q_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp,
 
 /* int8 [N, K]: a 64-byte run of a row is two 256-bit registers, lanes 0-7
  * and 8-15 of the generic loops; its last, partial run is copied into a
- * zeroed buffer (no read past the row).  Each row of W, from L1, meets
- * every prepared row of x in turn; lanes summed in cyf_tree16's tree. */
+ * zeroed buffer (no read past the row).  Each run and its |w| serve up to
+ * NX prepared rows of x from registers (the batched step: one core, GPT-2
+ * small, 16 sequences 64.7-65.9 -> 55.4-56.8 ms against one row at a time);
+ * each row's lanes summed in cyf_tree16's tree. */
+__attribute__((target("avx2,fma"), always_inline))
+static inline void cyf_i8q_tile_avx2(float *acc, ptrdiff_t ldacc, const signed char *w, const void *xp,
+                                     ptrdiff_t ldxp, const int NX, ptrdiff_t npair, ptrdiff_t K)
+{
+    const ptrdiff_t full = K / CYF_QP;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 lo[4], hi[4];
+    for (int r = 0; r < NX; r++)
+        lo[r] = hi[r] = _mm256_setzero_ps();
+    for (ptrdiff_t p = 0; p < npair; p++) {
+        signed char tail[CYF_QP];
+        const signed char *wp = w + p * CYF_QP;
+        if (p == full) {
+            memset(tail, 0, sizeof tail);
+            memcpy(tail, wp, (size_t)(K - full * CYF_QP));
+            wp = tail;
+        }
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)wp);
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32));
+        const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+        for (int r = 0; r < NX; r++) {
+            const void *xr = (const unsigned char *)xp + r * ldxp;
+            const signed char *q = CYF_I8Q_Q(xr) + p * CYF_QP;
+            const float *dl = CYF_I8Q_DL(xr, npair) + p * 16;
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *)q);
+            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
+            const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(q0, w0)), ones);
+            const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(q1, w1)), ones);
+            lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(dl), _mm256_cvtepi32_ps(s0), lo[r]);
+            hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(dl + 8), _mm256_cvtepi32_ps(s1), hi[r]);
+        }
+    }
+    for (int r = 0; r < NX; r++)
+        acc[r * ldacc] = cyf_tree16_ps(lo[r], hi[r]);
+}
+
 __attribute__((target("avx2,fma")))
 static void cyf_i8q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
                                      ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
 {
-    const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP, full = K / CYF_QP;
-    const __m256i ones = _mm256_set1_epi16(1);
+    const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP;
     for (ptrdiff_t j = 0; j < nw; j++) {
         const signed char *w = (const signed char *)W->data + (a + j) * W->ld;
-        for (int r = 0; r < nr; r++) {
-            const void *xr = (const unsigned char *)xp + r * ldxp;
-            const signed char *q = CYF_I8Q_Q(xr);
-            const float *dl = CYF_I8Q_DL(xr, npair);
-            __m256 lo = _mm256_setzero_ps(), hi = lo;
-            for (ptrdiff_t p = 0; p < npair; p++) {
-                signed char tail[CYF_QP];
-                const signed char *wp = w + p * CYF_QP;
-                if (p == full) {
-                    memset(tail, 0, sizeof tail);
-                    memcpy(tail, wp, (size_t)(K - full * CYF_QP));
-                    wp = tail;
-                }
-                const __m256i w0 = _mm256_loadu_si256((const __m256i *)wp);
-                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32));
-                const __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP));
-                const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + p * CYF_QP + 32));
-                const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(q0, w0)), ones);
-                const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(q1, w1)), ones);
-                lo = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16), _mm256_cvtepi32_ps(s0), lo);
-                hi = _mm256_fmadd_ps(_mm256_loadu_ps(dl + p * 16 + 8), _mm256_cvtepi32_ps(s1), hi);
+        for (int r0 = 0; r0 < nr; r0 += 4) {
+            const void *x0 = (const unsigned char *)xp + r0 * ldxp;
+            float *o = acc + r0 * nw + j;
+            switch (nr - r0 < 4 ? nr - r0 : 4) {
+            case 1: cyf_i8q_tile_avx2(o, nw, w, x0, ldxp, 1, npair, K); break;
+            case 2: cyf_i8q_tile_avx2(o, nw, w, x0, ldxp, 2, npair, K); break;
+            case 3: cyf_i8q_tile_avx2(o, nw, w, x0, ldxp, 3, npair, K); break;
+            default: cyf_i8q_tile_avx2(o, nw, w, x0, ldxp, 4, npair, K);
             }
-            acc[r * nw + j] = cyf_tree16_ps(lo, hi);
         }
     }
 }
