@@ -410,6 +410,18 @@ static void cyf_i4q_dot_tp_rows_generic(float *acc, const void *xp, ptrdiff_t ld
     }
 }
 
+/* nr rows of x, 4 at a time, through TILE(MW, MX) (reading r0), each tile
+ * shape a constant so its accumulators stay in registers: the batched
+ * integer kernels' walk over rows of x. */
+#define CYF_Q_TILE_ROWS(TILE, MW, nr)                                    \
+    for (int r0 = 0; r0 < (nr); r0 += 4)                                 \
+        switch ((nr) - r0 < 4 ? (nr) - r0 : 4) {                         \
+        case 1: TILE(MW, 1); break;                                      \
+        case 2: TILE(MW, 2); break;                                      \
+        case 3: TILE(MW, 3); break;                                      \
+        default: TILE(MW, 4);                                            \
+        }
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define CYF_HAVE_VNNI_KERNELS 1
 
@@ -430,14 +442,6 @@ static void cyf_i4q_dot_tp_rows_generic(float *acc, const void *xp, ptrdiff_t ld
 /* The walk of a batched product over its tiles, TILE(MW, MX) reading j and
  * r0: nr > 1 rows of x meet 4 rows of W at a time, 4 rows of x per tile;
  * the last rows of W, or one row of x, a row of W at a time. */
-#define CYF_Q_TILE_ROWS(TILE, MW, nr)                                    \
-    for (int r0 = 0; r0 < (nr); r0 += 4)                                 \
-        switch ((nr) - r0 < 4 ? (nr) - r0 : 4) {                         \
-        case 1: TILE(MW, 1); break;                                      \
-        case 2: TILE(MW, 2); break;                                      \
-        case 3: TILE(MW, 3); break;                                      \
-        default: TILE(MW, 4);                                            \
-        }
 #define CYF_Q_TILE_WALK(TILE, nr, nw)                                    \
     do {                                                                 \
         ptrdiff_t j = 0;                                                 \
@@ -725,19 +729,13 @@ static void cyf_i8q_dot_tp_rows_avx2(float *acc, const void *xp, ptrdiff_t ldxp,
                                      ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K)
 {
     const ptrdiff_t npair = (K + CYF_QP - 1) / CYF_QP;
+#define CYF_I8Q_TILE(MW, NX) \
+    cyf_i8q_tile_avx2(acc + r0 * nw + j, nw, w, (const unsigned char *)xp + r0 * ldxp, ldxp, NX, npair, K)
     for (ptrdiff_t j = 0; j < nw; j++) {
         const signed char *w = (const signed char *)W->data + (a + j) * W->ld;
-        for (int r0 = 0; r0 < nr; r0 += 4) {
-            const void *x0 = (const unsigned char *)xp + r0 * ldxp;
-            float *o = acc + r0 * nw + j;
-            switch (nr - r0 < 4 ? nr - r0 : 4) {
-            case 1: cyf_i8q_tile_avx2(o, nw, w, x0, ldxp, 1, npair, K); break;
-            case 2: cyf_i8q_tile_avx2(o, nw, w, x0, ldxp, 2, npair, K); break;
-            case 3: cyf_i8q_tile_avx2(o, nw, w, x0, ldxp, 3, npair, K); break;
-            default: cyf_i8q_tile_avx2(o, nw, w, x0, ldxp, 4, npair, K);
-            }
-        }
+        CYF_Q_TILE_ROWS(CYF_I8Q_TILE, 1, nr);
     }
+#undef CYF_I8Q_TILE
 }
 
 #define CYF_D2_CAT_(a, b) a##b
@@ -1331,8 +1329,8 @@ static void cyf_q40_prep(void *xp, const float *x, ptrdiff_t K)
  * the codes' sums off (cyf_q40_x), q8_0 flips its codes' sign bit and takes
  * 128 * them.  K < 32 (no block) gives zeros, as the generic loops do. */
 __attribute__((target("avx512vnni"), always_inline))
-static inline void cyf_rec_dot_tp_vnni_(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
-                                        ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib, const int MAXR)
+static inline void cyf_rec_rows_vnni_(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                      ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib, const int MAXR)
 {
     const ptrdiff_t nblk = K / CYF_QB, ld = W->ld, rec = nib ? CYF_Q40_REC : CYF_Q80_REC;
     const ptrdiff_t nch = (nblk + CYF_Q80_LANES - 1) / CYF_Q80_LANES;
@@ -1366,24 +1364,28 @@ static inline void cyf_rec_dot_tp_vnni_(float *acc, const void *xpv, ptrdiff_t l
     }
 }
 
+__attribute__((target("avx512vnni"), always_inline))
+static inline void cyf_rec_dot_tp_vnni_(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W,
+                                        ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib)
+{
+    if (nr == 1)  /* its sum stays in a register: decode */
+        cyf_rec_rows_vnni_(acc, xp, ldxp, 1, W, a, nw, K, nib, 1);
+    else
+        cyf_rec_rows_vnni_(acc, xp, ldxp, nr, W, a, nw, K, nib, 16);
+}
+
 __attribute__((target("avx512vnni")))
 static void cyf_q80_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W, ptrdiff_t a,
                                      ptrdiff_t nw, ptrdiff_t K)
 {
-    if (nr == 1)  /* its sum stays in a register: decode */
-        cyf_rec_dot_tp_vnni_(acc, xp, ldxp, 1, W, a, nw, K, 0, 1);
-    else
-        cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 0, 16);
+    cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 0);
 }
 
 __attribute__((target("avx512vnni")))
 static void cyf_q40_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp, int nr, const cyf_wt *W, ptrdiff_t a,
                                      ptrdiff_t nw, ptrdiff_t K)
 {
-    if (nr == 1)
-        cyf_rec_dot_tp_vnni_(acc, xp, ldxp, 1, W, a, nw, K, 1, 1);
-    else
-        cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 1, 16);
+    cyf_rec_dot_tp_vnni_(acc, xp, ldxp, nr, W, a, nw, K, 1);
 }
 #endif
 
