@@ -1,6 +1,6 @@
 /* AMX tiles: the tile configuration, and a C model of the tile instructions
  * the GEMMs use (ldtilecfg, tilezero, tileloadd, tilestored, tdpbsud,
- * tdpbf16ps), written from the instruction set reference's pseudocode.
+ * tdpbf16ps), written from the instruction set reference's pseudocode (tdpbf16ps: from the hardware's outputs).
  *
  * The AMX tiles (qtile_amx.h, btile_amx.h) are written once against the
  * CYF_T_* names and compiled twice: with the instructions (CPUs with AMX)
@@ -147,25 +147,61 @@ static inline float cyf_amx_model_fma_ftz(float a, float b, float c)
     return v;
 }
 
-/* tdpbf16ps c += a . b on bf16 pairs: for each row i of c and dword j, for
- * each dword k of a's row in order, the even products then the odd ones
- * (a's pair k times b's row k, pair j), each added into c's float32 with
- * one rounding, bf16 denormals read as zero and denormal results flushed
- * (the reference's pseudocode). */
+/* float32 denormals read as zero (of their sign) */
+static inline float cyf_amx_model_daz(float v)
+{
+    unsigned int u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7F800000u) == 0)
+        u &= 0x80000000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+/* tdpbf16ps c += a . b on bf16 pairs, as Sapphire Rapids computes it (fitted
+ * bit for bit to its outputs; the reference's pseudocode, one running sum
+ * taking each pair's two products in turn, is not what it does).  For each
+ * row i of c and dword j, two float32 chains run from +0 over a's dwords k
+ * in order: one sums the even products, one the odd ones, each product
+ * added with one rounding (fused) and the chain flushed to zero if denormal;
+ * then c + (even + odd), each addition rounded once, c read with denormals
+ * as zero and the results flushed.  bf16 inputs: denormals read as zero. */
 static inline void cyf_amx_model_dpbf16ps(cyf_amx_model *m, int c, int a, int b)
 {
     if (!cyf_amx_model_chain_ok(m, c, a, b))
         return;
     for (int i = 0; i < m->cfg.rows[c]; i++)
-        for (int k = 0; k < m->cfg.colsb[a] / 4; k++)
-            for (int j = 0; j < m->cfg.colsb[c] / 4; j++) {
-                float s;
-                memcpy(&s, &m->t[c][i][4 * j], 4);
+        for (int j = 0; j < m->cfg.colsb[c] / 4; j++) {
+            float chain[2] = {0.0f, 0.0f}, s;
+            for (int k = 0; k < m->cfg.colsb[a] / 4; k++)
                 for (int e = 0; e < 2; e++)
-                    s = cyf_amx_model_fma_ftz(cyf_amx_model_bf16(&m->t[a][i][4 * k + 2 * e]),
-                                              cyf_amx_model_bf16(&m->t[b][k][4 * j + 2 * e]), s);
-                memcpy(&m->t[c][i][4 * j], &s, 4);
-            }
+                    chain[e] = cyf_amx_model_fma_ftz(cyf_amx_model_bf16(&m->t[a][i][4 * k + 2 * e]),
+                                                     cyf_amx_model_bf16(&m->t[b][k][4 * j + 2 * e]), chain[e]);
+            memcpy(&s, &m->t[c][i][4 * j], 4);
+            s = cyf_amx_model_fma_ftz(1.0f, cyf_amx_model_daz(s), cyf_amx_model_fma_ftz(1.0f, chain[0], chain[1]));
+            memcpy(&m->t[c][i][4 * j], &s, 4);
+        }
+}
+
+/* One full-shape tdpbf16ps on the model, c [16][16] += a [16][32] . b [16][32]
+ * (bf16 codes; b's row k holds the pairs of the 16 outputs): the test hook
+ * that pins the model to outputs recorded on hardware. */
+static inline void cyf_amx_model_tdpbf16ps_16(float *c, const unsigned short *a, const unsigned short *b)
+{
+    cyf_amx_model m;
+    cyf_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 3; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    cyf_amx_model_cfg(&m, &cfg);
+    cyf_amx_model_load(&m, 0, c, 64);
+    cyf_amx_model_load(&m, 1, a, 64);
+    cyf_amx_model_load(&m, 2, b, 64);
+    cyf_amx_model_dpbf16ps(&m, 0, 1, 2);
+    cyf_amx_model_store(&m, 0, c, 64);
 }
 
 #endif

@@ -1389,6 +1389,7 @@ static void cyf_q40_dot_tp_rows_vnni(float *acc, const void *xp, ptrdiff_t ldxp,
 }
 #endif
 
+#include "amx.h"  /* the model of AMX's tile instructions: every level has it (a test hook) */
 #include "qgemm.h"
 #include "bgemm.h"
 

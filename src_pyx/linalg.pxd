@@ -72,6 +72,7 @@ cdef extern from "formats.h" nogil:
     Py_ssize_t cyf_qstrip_bytes(Py_ssize_t K)
     void cyf_q8_row_gemm(const float* x, Py_ssize_t K, signed char* q, float* d, int* bsum)
     void cyf_dequant_row_t(float* out, const Wt* W, Py_ssize_t n, Py_ssize_t K)
+    void cyf_amx_model_tdpbf16ps_16(float* c, const unsigned short* a, const unsigned short* b)
 
 cdef inline Wt f32_weights(const float* W, bint t, Py_ssize_t ld) noexcept nogil:
     cdef Wt w

@@ -976,6 +976,22 @@ def stream_sum(x, threads=None):
     return float(total)
 
 
+def amx_tdpbf16ps_model(a, b, c):
+    """One tdpbf16ps on amx.h's model of it: c [16, 16] float32 plus the
+    products of a [16, 32] and b [16, 32] (bfloat16 codes, uint16; b's row k
+    holds the pairs k of the 16 outputs, as the tile's strips do).  Returns
+    the new c.  For tests: the model must give what the hardware gives."""
+    cdef const unsigned short[:, ::1] av = np.ascontiguousarray(a, np.uint16)
+    cdef const unsigned short[:, ::1] bv = np.ascontiguousarray(b, np.uint16)
+    cdef float[:, ::1] out = np.array(c, np.float32, order="C")
+    if (av.shape[0], av.shape[1]) != (16, 32) or (bv.shape[0], bv.shape[1]) != (16, 32) \
+            or (out.shape[0], out.shape[1]) != (16, 16):
+        raise ValueError(f"amx_tdpbf16ps_model: needs a [16, 32], b [16, 32] and c [16, 16], "
+                         f"got {np.shape(a)}, {np.shape(b)}, {np.shape(c)}")
+    cyf_amx_model_tdpbf16ps_16(&out[0, 0], &av[0, 0], &bv[0, 0])
+    return np.asarray(out)
+
+
 def integer_tiles_agree(features, reference=None, formats=("int8", "int4", "q8_0", "q4_0")):
     """True when the integer GEMM chosen by ``features`` (as for
     select_format_kernels) gives the bits of the one chosen by

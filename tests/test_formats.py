@@ -952,7 +952,7 @@ def test_amx_tiles_are_never_chosen_on_their_model_and_agree_with_every_tile():
     if have["amx_int8"]:  # the instructions themselves, where they run
         assert linalg.integer_tiles_agree({"avx512_vnni": True, "amx_int8": True})
         assert default["amx_int8"], "AMX runs here but was not chosen: it failed the check at import"
-    # the bfloat16 tile: its model gives numpy_ref.bf16amx_gemm's bits (tdpbf16ps's order)
+    # the bfloat16 tile: its model gives numpy_ref.bf16amx_gemm's bits (tdpbf16ps as the hardware sums)
     if have["avx512_bf16"]:
         assert linalg.bf16_tile_matches_reference({"avx512_bf16": True, "amx_model": True})
         assert linalg.bf16_tile_matches_reference({"avx512_bf16": True})
@@ -960,6 +960,22 @@ def test_amx_tiles_are_never_chosen_on_their_model_and_agree_with_every_tile():
             assert linalg.bf16_tile_matches_reference({"avx512_bf16": True, "amx_bf16": True})
             assert default["amx_bf16"], "AMX-BF16 runs here but was not chosen: it failed the check at import"
     assert linalg.format_kernels() == before
+
+
+def test_tdpbf16ps_model_gives_the_bits_recorded_on_an_amx_cpu():
+    # one full-shape tdpbf16ps per case, recorded on an Intel Xeon with AMX
+    # (Sapphire Rapids class): normal values, values over a wide range, one
+    # pair per output, denormal inputs and sums, cancelling products; c zero
+    # and not.  The model is what every machine without AMX tests the
+    # bfloat16 tile on, so it must give the hardware's bits (the instruction
+    # reference's pseudocode differs in about half of these outputs).
+    data = np.load(os.path.join(os.path.dirname(__file__), "data", "tdpbf16ps_sapphire_rapids.npz"))
+    assert len(data["out"]) == 8
+    for a, b, c, want in zip(data["a"], data["b"], data["c"], data["out"]):
+        got = linalg.amx_tdpbf16ps_model(a, b, c)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match=r"needs a \[16, 32\]"):
+        linalg.amx_tdpbf16ps_model(data["a"][0][:8], data["b"][0], data["c"][0])
 
 
 @pytest.mark.parametrize("int8_variant", GEMM_VARIANTS, indirect=True,

@@ -236,43 +236,65 @@ def bf16dp_matvec(x, codes, rows_per_block):
     return bf16dp_gemm(np.asarray(x, F32)[None], codes, rows_per_block)[0]
 
 
-def bf16dp_gemm(x, codes, rows_per_block, transposed=False, even_first=False):
+def bf16dp_gemm(x, codes, rows_per_block, transposed=False):
     """The bfloat16 prefill product x [T, K] @ W as the AVX512-BF16 GEMM
     (bgemm.h) sums it: every row as bf16dp_matvec, W [K, N] (codes uint16
     [K, N]), or, with transposed, W [N, K] stored a row per output (codes
     [N, K]) summed in the same order as its [K, N] transpose.  Returns
-    float32 [T, N].  even_first: each pair's even product added first, as
-    AMX's tdpbf16ps does (bf16amx_gemm)."""
-    from ..formats import _bfloat16
-    x = np.asarray(x, F32)
-    codes = codes.T if transposed else codes
-    K, N = codes.shape
-    xb = _bf16_daz(_bfloat16(x))                                       # [T, K]
-    wb = _bf16_daz(codes)                                              # [K, N]
-    zero = np.zeros((x.shape[0], 1))
-    total = None
-    for k0 in range(0, K, rows_per_block):
-        k1 = min(K, k0 + rows_per_block)
-        part = np.zeros((x.shape[0], N), F32)                         # [T, N]
+    float32 [T, N]."""
+    xb, wb = _bf16_operands(x, codes, transposed)
+    zero, pad = np.zeros((x.shape[0], 1)), np.zeros(wb.shape[1])
+
+    def run(k0, k1):
+        part = np.zeros((xb.shape[0], wb.shape[1]), F32)
         for k in range(k0, k1, 2):
-            if even_first:
-                part = _dp_fma(part, xb[:, k:k + 1], wb[k])
-            if k + 1 < k1:
-                part = _dp_fma(part, xb[:, k + 1:k + 2], wb[k + 1])
-            else:
-                part = _dp_fma(part, zero, np.zeros(N))
-            if not even_first:
-                part = _dp_fma(part, xb[:, k:k + 1], wb[k])
-        total = part if total is None else (total + part).astype(F32)
-    return np.zeros((x.shape[0], N), F32) if total is None else total
+            part = _dp_fma(part, xb[:, k + 1:k + 2], wb[k + 1]) if k + 1 < k1 else _dp_fma(part, zero, pad)
+            part = _dp_fma(part, xb[:, k:k + 1], wb[k])
+        return part
+
+    return _bf16_runs(xb, wb, rows_per_block, run)
 
 
 def bf16amx_gemm(x, codes, rows_per_block, transposed=False):
-    """The bfloat16 prefill product as the AMX tile (bgemm.h) sums it:
-    bf16dp_gemm's runs and roundings, with each pair's even product added
-    before its odd one, the order of the instruction reference's pseudocode
-    for tdpbf16ps (vdpbf16ps adds the odd one first)."""
-    return bf16dp_gemm(x, codes, rows_per_block, transposed, even_first=True)
+    """The bfloat16 prefill product as the AMX tile (btile_amx.h) sums it:
+    bf16dp_gemm's runs, each from zero in steps of up to 16 pairs (one
+    tdpbf16ps each).  A step adds even + odd to the run's sum, each addition
+    rounded once, where even and odd are float32 chains from zero over the
+    step's pairs in order, one taking the pairs' even products, the other
+    their odd ones: what Sapphire Rapids does, bit for bit (amx.h's model)."""
+    xb, wb = _bf16_operands(x, codes, transposed)
+    zero, pad = np.zeros((x.shape[0], 1)), np.zeros(wb.shape[1])
+
+    def run(k0, k1):
+        part = np.zeros((xb.shape[0], wb.shape[1]), F32)
+        for s0 in range(k0, k1, 32):
+            chains = [np.zeros_like(part), np.zeros_like(part)]
+            for k in range(s0, min(k1 + k1 % 2, s0 + 32)):  # an odd K's last pair ends with 0 * 0
+                chains[k % 2] = _dp_fma(chains[k % 2], *((xb[:, k:k + 1], wb[k]) if k < k1 else (zero, pad)))
+            step = _ftz((chains[0].astype(np.float64) + chains[1]).astype(F32))
+            part = _ftz((part.astype(np.float64) + step).astype(F32))
+        return part
+
+    return _bf16_runs(xb, wb, rows_per_block, run)
+
+
+def _bf16_operands(x, codes, transposed):
+    """x [T, K] rounded to bf16 and W as [K, N], both float64 with bf16
+    denormals read as zero."""
+    from ..formats import _bfloat16
+    codes = codes.T if transposed else codes
+    return _bf16_daz(_bfloat16(np.asarray(x, F32))), _bf16_daz(codes)
+
+
+def _bf16_runs(xb, wb, rows_per_block, run):
+    """The runs of rows_per_block inputs, each summed by run(k0, k1) from
+    zero, added in order."""
+    K, N = wb.shape
+    total = None
+    for k0 in range(0, K, rows_per_block):
+        part = run(k0, min(K, k0 + rows_per_block))
+        total = part if total is None else (total + part).astype(F32)
+    return np.zeros((xb.shape[0], N), F32) if total is None else total
 
 
 def bf16dp_dot_t(x, codes):
