@@ -9,9 +9,10 @@
  * tiles 0 and 1 start at zero and each step of up to 16 pairs adds tile 2
  * (the rows' pairs) times tiles 3 and 4 (the strip's halves); the run's
  * sums go through memory into the running sums, the runs added in order
- * from -0 as the AVX512-BF16 tile does.  Within a run each pair adds its
- * even product before its odd one (tdpbf16ps's order; vdpbf16ps takes the
- * odd one first), so this tile's reference is numpy_ref.bf16amx_gemm.  A
+ * from -0 as the AVX512-BF16 tile does.  Within a step, tdpbf16ps sums the
+ * even and the odd products apart and then adds both to the tile (amx.h's
+ * model), not vdpbf16ps's order, so this tile's reference is
+ * numpy_ref.bf16amx_gemm.  A
  * step of fewer than 16 pairs (K's last) needs its own tile shapes, and a
  * new configuration clears the tiles: the run's sums wait in memory. */
 
