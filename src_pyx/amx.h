@@ -25,14 +25,19 @@ _Static_assert(sizeof(cyf_tilecfg) == 64, "ldtilecfg reads 64 bytes");
 
 /* The GEMM tiles' shapes: 0 and 1 the sums (rows x 16 dwords), 2 the rows
  * of x (rows x k4 dwords), 3 and 4 a strip's two halves of 16 outputs (k4
- * rows of 16 dwords): a product of k4 dwords of inputs per step. */
+ * rows of 16 dwords): a product of k4 dwords of inputs per step.  5, 6 and
+ * 7 are 0, 1 and 2 again: a second set, so that a software-pipelined tile
+ * can start one product before the previous one's sums are stored. */
 static inline void cyf_amx_gemm_cfg(cyf_tilecfg *cfg, int rows, int k4)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->palette = 1;
-    cfg->rows[0] = cfg->rows[1] = cfg->rows[2] = (unsigned char)rows;
-    cfg->colsb[0] = cfg->colsb[1] = 64;
-    cfg->colsb[2] = (unsigned short)(4 * k4);
+    for (int s = 0; s < 2; s++) {
+        const int t = 5 * s;  /* the set's first sum tile */
+        cfg->rows[t] = cfg->rows[t + 1] = cfg->rows[t + 2] = (unsigned char)rows;
+        cfg->colsb[t] = cfg->colsb[t + 1] = 64;
+        cfg->colsb[t + 2] = (unsigned short)(4 * k4);
+    }
     cfg->rows[3] = cfg->rows[4] = (unsigned char)k4;
     cfg->colsb[3] = cfg->colsb[4] = 64;
 }
