@@ -692,6 +692,12 @@ _FEATURE_BITS = {"avx512_vnni": 1, "avx512_bf16": 2, "avx2": 4, "amx_int8": 8, "
                  "avx_vnni": 32, "avx_vnni_evex": 64, "amx_bf16": 128}
 _TEST_ONLY = ("amx_model", "avx_vnni_evex")
 _AMX_OFF = set()  # this CPU's AMX features that failed the check at import (_select_at_import)
+# Which AMX tiles run by default where the CPU has them.  Not the integer one:
+# on a Sapphire Rapids-class Xeon it is slower than the AVX512-VNNI tile, since
+# every 32-input block's int32 sums leave the tiles to be scaled by that
+# block's activation scale (bench/results/2026-11-26-amx-xeon.md); it runs
+# when asked for (select_format_kernels(dict(..., amx_int8=True))).
+_AMX_DEFAULT = {"amx_int8": False, "amx_bf16": True}
 
 
 def _cpu_features():
@@ -716,8 +722,8 @@ def select_format_kernels(features=None):
     has.  Returns the features used."""
     have = _cpu_features()
     if features is None:
-        features = dict(have, amx_int8=have["amx_int8"] and "amx_int8" not in _AMX_OFF,
-                        amx_bf16=have["amx_bf16"] and "amx_bf16" not in _AMX_OFF, **dict.fromkeys(_TEST_ONLY, False))
+        features = dict(have, **{f: have[f] and _AMX_DEFAULT[f] and f not in _AMX_OFF for f in _AMX_DEFAULT},
+                        **dict.fromkeys(_TEST_ONLY, False))
     if not isinstance(features, dict):
         raise TypeError(f"select_format_kernels: features must be a dict of feature name -> bool, "
                         f"got {type(features).__name__}")
