@@ -140,10 +140,9 @@ static inline float cyf_amx_model_bf16(const unsigned char *p)
     return f;
 }
 
-/* c + a * b rounded once (nearest even), a denormal result flushed to zero */
-static inline float cyf_amx_model_fma_ftz(float a, float b, float c)
+/* float32 denormals as zero (of their sign): inputs read so, results flushed so */
+static inline float cyf_amx_model_ftz(float v)
 {
-    float v = __builtin_fmaf(a, b, c);
     unsigned int u;
     memcpy(&u, &v, 4);
     if ((u & 0x7F800000u) == 0)
@@ -152,15 +151,10 @@ static inline float cyf_amx_model_fma_ftz(float a, float b, float c)
     return v;
 }
 
-/* float32 denormals read as zero (of their sign) */
-static inline float cyf_amx_model_daz(float v)
+/* c + a * b rounded once (nearest even), a denormal result flushed to zero */
+static inline float cyf_amx_model_fma_ftz(float a, float b, float c)
 {
-    unsigned int u;
-    memcpy(&u, &v, 4);
-    if ((u & 0x7F800000u) == 0)
-        u &= 0x80000000u;
-    memcpy(&v, &u, 4);
-    return v;
+    return cyf_amx_model_ftz(__builtin_fmaf(a, b, c));
 }
 
 /* tdpbf16ps c += a . b on bf16 pairs, as Sapphire Rapids computes it (fitted
@@ -183,7 +177,7 @@ static inline void cyf_amx_model_dpbf16ps(cyf_amx_model *m, int c, int a, int b)
                     chain[e] = cyf_amx_model_fma_ftz(cyf_amx_model_bf16(&m->t[a][i][4 * k + 2 * e]),
                                                      cyf_amx_model_bf16(&m->t[b][k][4 * j + 2 * e]), chain[e]);
             memcpy(&s, &m->t[c][i][4 * j], 4);
-            s = cyf_amx_model_fma_ftz(1.0f, cyf_amx_model_daz(s), cyf_amx_model_fma_ftz(1.0f, chain[0], chain[1]));
+            s = cyf_amx_model_fma_ftz(1.0f, cyf_amx_model_ftz(s), cyf_amx_model_fma_ftz(1.0f, chain[0], chain[1]));
             memcpy(&m->t[c][i][4 * j], &s, 4);
         }
 }
