@@ -987,13 +987,15 @@ def amx_tdpbf16ps_model(a, b, c):
     products of a [16, 32] and b [16, 32] (bfloat16 codes, uint16; b's row k
     holds the pairs k of the 16 outputs, as the tile's strips do).  Returns
     the new c.  For tests: the model must give what the hardware gives."""
-    cdef const unsigned short[:, ::1] av = np.ascontiguousarray(a, np.uint16)
-    cdef const unsigned short[:, ::1] bv = np.ascontiguousarray(b, np.uint16)
-    cdef float[:, ::1] out = np.array(c, np.float32, order="C")
-    if (av.shape[0], av.shape[1]) != (16, 32) or (bv.shape[0], bv.shape[1]) != (16, 32) \
-            or (out.shape[0], out.shape[1]) != (16, 16):
+    a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
+    if a.shape != (16, 32) or b.shape != (16, 32) or c.shape != (16, 16):
         raise ValueError(f"amx_tdpbf16ps_model: needs a [16, 32], b [16, 32] and c [16, 16], "
-                         f"got {np.shape(a)}, {np.shape(b)}, {np.shape(c)}")
+                         f"got {a.shape}, {b.shape}, {c.shape}")
+    if a.dtype != np.uint16 or b.dtype != np.uint16:
+        raise TypeError(f"amx_tdpbf16ps_model: a and b are bfloat16 codes (uint16), got {a.dtype} and {b.dtype}")
+    cdef const unsigned short[:, ::1] av = np.ascontiguousarray(a)
+    cdef const unsigned short[:, ::1] bv = np.ascontiguousarray(b)
+    cdef float[:, ::1] out = np.array(c, np.float32, order="C")
     cyf_amx_model_tdpbf16ps_16(&out[0, 0], &av[0, 0], &bv[0, 0])
     return np.asarray(out)
 

@@ -595,7 +595,7 @@ def test_every_public_kernel_wrapper_is_covered():
                "decode.DecodeStep", "linalg.Workspace", "linalg.aligned_empty",
                "linalg.format_kernels", "linalg.select_format_kernels", "linalg.integer_gemm",
                "linalg.prefill_gemm", "linalg.prep_bytes", "linalg.matvec_rows", "linalg.integer_tiles_agree",
-               "linalg.bf16_tile_matches_reference"}
+               "linalg.bf16_tile_matches_reference", "linalg.amx_tdpbf16ps_model"}
     assert public <= covered, f"kernel wrappers without robustness cases: {sorted(public - covered)}"
 
 
@@ -608,6 +608,18 @@ def test_select_format_kernels_refuses_bad_features():
     used = linalg.select_format_kernels()
     assert set(used) and all(isinstance(v, bool) for v in used.values())
     assert set(linalg.format_kernels()) == set(cyformer.formats.TABLE)
+
+
+def test_amx_tdpbf16ps_model_names_bad_arguments():
+    codes, c = np.zeros((16, 32), np.uint16), np.full((16, 16), 1.5, np.float32)
+    for a, b, cc in ((codes[:8], codes, c), (codes, codes.ravel(), c), (codes, codes, c[:, :8]), (codes, codes, 1.0)):
+        with pytest.raises(ValueError, match=r"amx_tdpbf16ps_model: needs a \[16, 32\]"):
+            linalg.amx_tdpbf16ps_model(a, b, cc)
+    with pytest.raises(TypeError, match="bfloat16 codes \\(uint16\\), got float32"):
+        linalg.amx_tdpbf16ps_model(codes.astype(np.float32), codes, c)
+    out = linalg.amx_tdpbf16ps_model(codes, codes + 0x3F80, c)  # 0 * 1.0 added: c comes back
+    np.testing.assert_array_equal(out, c)
+    assert out is not c and (c == 1.5).all()  # the caller's c is left as it was
 
 
 def test_integer_tiles_agree_names_bad_arguments():
