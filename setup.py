@@ -177,12 +177,13 @@ def extensions(levels, omp):
 
 def _fingerprint(directives):
     """What the generated C files depend on: every kernel source, the Cython
-    and NumPy versions, the directives and the build switches."""
+    and NumPy versions, the directives and the build switches, and the levels
+    generated (a build of fewer levels leaves the others' C files behind)."""
     import Cython
     import numpy
 
-    h = hashlib.sha256(json.dumps([Cython.__version__, numpy.__version__, directives, DEBUG, NATIVE],
-                                  sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps([Cython.__version__, numpy.__version__, directives, DEBUG, NATIVE,
+                                   sorted(LEVELS)], sort_keys=True).encode())
     for root, _, files in sorted(os.walk(SRC)):
         for name in sorted(files):
             if name.endswith((".pyx", ".pxd", ".h")):
