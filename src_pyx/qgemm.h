@@ -66,10 +66,16 @@ static inline void cyf_q8_row_gemm(const float *x, ptrdiff_t K, signed char *q, 
 {
     cyf_q8_row(x, K, q, d, NULL);
     for (ptrdiff_t b = 0; b * CYF_QB < K; b++) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+        const __m512i c = _mm512_add_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b * CYF_QB))),
+                                           _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b * CYF_QB + 16))));
+        bsum[b] = 128 * _mm512_reduce_add_epi32(c);
+#else
         int s = 0;
         for (int i = 0; i < CYF_QB; i++)
             s += q[b * CYF_QB + i];
         bsum[b] = 128 * s;
+#endif
     }
 }
 
