@@ -1,6 +1,7 @@
 /* AMX tiles: the tile configuration, and a C model of the tile instructions
  * the GEMMs use (ldtilecfg, tilezero, tileloadd, tilestored, tdpbsud,
- * tdpbf16ps), written from the instruction set reference's pseudocode (tdpbf16ps: from the hardware's outputs).
+ * tdpbf16ps), written from the instruction set reference's pseudocode, but
+ * for tdpbf16ps's sums: those are fitted to the hardware's outputs.
  *
  * The AMX tiles (qtile_amx.h, btile_amx.h) are written once against the
  * CYF_T_* names and compiled twice: with the instructions (CPUs with AMX)
@@ -157,7 +158,7 @@ static inline float cyf_amx_model_fma_ftz(float a, float b, float c)
     return cyf_amx_model_ftz(__builtin_fmaf(a, b, c));
 }
 
-/* tdpbf16ps c += a . b on bf16 pairs, as Sapphire Rapids computes it (fitted
+/* tdpbf16ps c += a . b on bf16 pairs, as a Sapphire Rapids-class Xeon sums them (fitted
  * bit for bit to its outputs; the reference's pseudocode, one running sum
  * taking each pair's two products in turn, is not what it does).  For each
  * row i of c and dword j, two float32 chains run from +0 over a's dwords k

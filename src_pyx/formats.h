@@ -184,8 +184,9 @@ static inline float cyf_q8_block32_avx512(const float *x, signed char *q)
     const float d = amax / 127.0f, s = CYF_Q8_SCALE_UP(d), id = d != 0.0f ? 1.0f / (d * s) : 0.0f;
     const __m512 vs = _mm512_set1_ps(s), vid = _mm512_set1_ps(id), hi = _mm512_set1_ps(127.0f);
     const __m512 lo = _mm512_set1_ps(-127.0f);
-    __m512 v0 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(x0, vs), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 v1 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(x1, vs), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    enum { nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC };  /* an immediate */
+    __m512 v0 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(x0, vs), vid), nearest);
+    __m512 v1 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(x1, vs), vid), nearest);
     v0 = _mm512_max_ps(_mm512_min_ps(v0, hi), lo);
     v1 = _mm512_max_ps(_mm512_min_ps(v1, hi), lo);
     _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v0)));

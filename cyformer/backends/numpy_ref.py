@@ -261,7 +261,7 @@ def bf16amx_gemm(x, codes, rows_per_block, transposed=False):
     tdpbf16ps each).  A step adds even + odd to the run's sum, each addition
     rounded once, where even and odd are float32 chains from zero over the
     step's pairs in order, one taking the pairs' even products, the other
-    their odd ones: what Sapphire Rapids does, bit for bit (amx.h's model)."""
+    their odd ones: what a Sapphire Rapids-class Xeon does, bit for bit (amx.h's model)."""
     xb, wb = _bf16_operands(x, codes, transposed)
     zero, pad = np.zeros((x.shape[0], 1)), np.zeros(wb.shape[1])
 
