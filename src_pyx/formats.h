@@ -167,30 +167,53 @@ static void cyf_i4_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t 
  * are what they would be with an unbounded exponent. */
 #define CYF_Q8_SCALE_UP(d) ((d) < 0x1p-120f ? 0x1p64f : 1.0f)
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-/* A whole block in two vectors: cyf_q8_block's operations lane by lane (the
- * max of |x| over finite values is the same in any order), the same codes
- * and d.  Prefill quantizes T x K inputs per product this way; a scalar loop
- * there took a tenth of an int8 prefill's time. */
-static inline float cyf_q8_block32_avx512(const float *x, signed char *q)
+/* A block's d = max|x| / 127, and what its inputs are multiplied by before
+ * rounding: *s (CYF_Q8_SCALE_UP), then *id = 1 / (d * s), 0 for a block of
+ * zeros.  Every quantizer of a block, scalar or vector, takes them here. */
+static inline float cyf_q8_scale(float amax, float *s, float *id)
 {
-    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    const float d = amax / 127.0f;
+    *s = CYF_Q8_SCALE_UP(d);
+    *id = d != 0.0f ? 1.0f / (d * *s) : 0.0f;
+    return d;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+/* cyf_q8_block's float steps on x[0:n], n <= CYF_QB, in two vectors (zeros
+ * loaded past n): the codes as int32 lanes *c0, *c1 and the returned d (the
+ * max of |x| over finite values is the same in any order; a NaN or an
+ * infinity, found by an ordered compare, gives d = NaN and codes 0).  The
+ * block quantizers of prefill (cyf_q8_block) and of int4 decode
+ * (cyf_q4_row_t_vnni) both take it. */
+static inline float cyf_q8_block_zmm(const float *x, ptrdiff_t n, __m512i *c0, __m512i *c1)
+{
+    const __mmask32 m = n >= CYF_QB ? ~(__mmask32)0 : n > 0 ? ((__mmask32)1 << n) - 1 : 0;
+    const __m512 x0 = _mm512_maskz_loadu_ps((__mmask16)m, x), x1 = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), x + 16);
     const __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1), big = _mm512_set1_ps(3.40282347e38f);
-    if ((_mm512_cmp_ps_mask(a0, big, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, big, _CMP_LE_OQ)) != 0xFFFF) {
-        memset(q, 0, CYF_QB);  /* a NaN or an infinity */
+    *c0 = *c1 = _mm512_setzero_si512();
+    if ((_mm512_cmp_ps_mask(a0, big, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, big, _CMP_LE_OQ)) != 0xFFFF)
         return __builtin_nanf("");
-    }
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-    const float d = amax / 127.0f, s = CYF_Q8_SCALE_UP(d), id = d != 0.0f ? 1.0f / (d * s) : 0.0f;
+    float s, id;
+    const float d = cyf_q8_scale(_mm512_reduce_max_ps(_mm512_max_ps(a0, a1)), &s, &id);
     const __m512 vs = _mm512_set1_ps(s), vid = _mm512_set1_ps(id), hi = _mm512_set1_ps(127.0f);
     const __m512 lo = _mm512_set1_ps(-127.0f);
     enum { nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC };  /* an immediate */
-    __m512 v0 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(x0, vs), vid), nearest);
-    __m512 v1 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(x1, vs), vid), nearest);
-    v0 = _mm512_max_ps(_mm512_min_ps(v0, hi), lo);
-    v1 = _mm512_max_ps(_mm512_min_ps(v1, hi), lo);
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v0)));
-    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v1)));
+    /* rint, then clamped */
+    const __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(x0, vs), vid), nearest);
+    const __m512 r1 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(x1, vs), vid), nearest);
+    *c0 = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(r0, hi), lo));
+    *c1 = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(r1, hi), lo));
+    return d;
+}
+
+/* A block in place: its codes as bytes.  Prefill quantizes T x K inputs per
+ * product; a scalar loop took a tenth of an int8 prefill's time. */
+static inline float cyf_q8_block_avx512(const float *x, ptrdiff_t n, signed char *q)
+{
+    __m512i c0, c1;
+    const float d = cyf_q8_block_zmm(x, n, &c0, &c1);
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(c0));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(c1));
     return d;
 }
 #elif defined(__AVX2__)
@@ -213,7 +236,8 @@ static inline float cyf_q8_block32_avx2(const float *x, signed char *q)
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    const float d = amax / 127.0f, s = CYF_Q8_SCALE_UP(d), id = d != 0.0f ? 1.0f / (d * s) : 0.0f;
+    float s, id;
+    const float d = cyf_q8_scale(amax, &s, &id);
     const __m256 vs = _mm256_set1_ps(s), vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f);
     const __m256 lo = _mm256_set1_ps(-127.0f);
     __m256i c[4];
@@ -234,9 +258,9 @@ static inline float cyf_q8_block32_avx2(const float *x, signed char *q)
 static inline float cyf_q8_block(const float *x, ptrdiff_t n, signed char *q)
 {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-    if (n == CYF_QB)
-        return cyf_q8_block32_avx512(x, q);
-#elif defined(__AVX2__)
+    return cyf_q8_block_avx512(x, n, q);
+#else
+#if defined(__AVX2__)
     if (n == CYF_QB)
         return cyf_q8_block32_avx2(x, q);
 #endif
@@ -250,13 +274,15 @@ static inline float cyf_q8_block(const float *x, ptrdiff_t n, signed char *q)
     memset(q, 0, CYF_QB);
     if (!finite)
         return __builtin_nanf("");
-    const float d = amax / 127.0f, s = CYF_Q8_SCALE_UP(d), id = d != 0.0f ? 1.0f / (d * s) : 0.0f;
+    float s, id;
+    const float d = cyf_q8_scale(amax, &s, &id);
     for (ptrdiff_t i = 0; i < n; i++) {
         float v = __builtin_rintf(x[i] * s * id);
         v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
         q[i] = (signed char)v;
     }
     return d;
+#endif
 }
 
 /* x[0:K] -> codes q[nblk * CYF_QB], scales d[nblk], and 128 * the sum of
@@ -585,9 +611,8 @@ static void cyf_i8q_dot_tp_rows_vnni(float *acc, const void *xpv, ptrdiff_t ldxp
 #undef CYF_I8Q_TILE
 }
 
-/* cyf_q4_row_t in AVX-512, the same bits: cyf_q8_block's float steps per
- * block of 32 (max of |x| is exact in any order, NaN/Inf found by an
- * ordered compare), the codes split into even and odd inputs by two
+/* cyf_q4_row_t in AVX-512, the same bits: cyf_q8_block_zmm per block of
+ * 32, the codes split into even and odd inputs by two
  * permutes, and each lane's correction from its 8 codes by vpdpbusd with
  * ones.  Quantizing x scalar took about a tenth of a 3072 x 768 product
  * from L3 (one call per 512 outputs). */
@@ -598,32 +623,11 @@ static inline void cyf_q4_row_t_vnni(const float *x, ptrdiff_t K, signed char *q
     const ptrdiff_t nch = (K + CYF_Q4C - 1) / CYF_Q4C;
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1)), ones = _mm512_set1_epi8(1);
-    const __m512 big = _mm512_set1_ps(3.40282347e38f), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
     for (ptrdiff_t c = 0; c < nch; c++) {
         for (int g = 0; g < CYF_Q4C / CYF_QB; g++) {
             const ptrdiff_t k0 = c * CYF_Q4C + g * CYF_QB, n = K - k0 < CYF_QB ? K - k0 : CYF_QB;
-            const __mmask32 m = n >= CYF_QB ? ~(__mmask32)0 : n > 0 ? ((__mmask32)1 << n) - 1 : 0;
-            const __m512 v0 = _mm512_maskz_loadu_ps((__mmask16)m, x + k0);
-            const __m512 v1 = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), x + k0 + 16);
-            const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
-            const int finite = (__mmask16)(_mm512_cmp_ps_mask(a0, big, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, big, _CMP_LE_OQ))
-                               == (__mmask16)0xFFFF;
-            float d = 0.0f;
-            __m512i q0 = _mm512_setzero_si512(), q1 = q0;
-            if (!finite) {
-                d = __builtin_nanf("");
-            } else if (n > 0) {
-                d = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) / 127.0f;
-                const float up = CYF_Q8_SCALE_UP(d);
-                const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / (d * up) : 0.0f), s = _mm512_set1_ps(up);
-                /* rint, then clamped, as cyf_q8_block does */
-                const __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(v0, s), id),
-                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                const __m512 r1 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(v1, s), id),
-                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                q0 = _mm512_cvtps_epi32(_mm512_max_ps(lo, _mm512_min_ps(hi, r0)));
-                q1 = _mm512_cvtps_epi32(_mm512_max_ps(lo, _mm512_min_ps(hi, r1)));
-            }
+            __m512i q0, q1;
+            const float d = cyf_q8_block_zmm(x + k0, n, &q0, &q1);
             _mm_storeu_si128((__m128i *)(qe + c * 64 + g * 16), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q0, even, q1)));
             _mm_storeu_si128((__m128i *)(qo + c * 64 + g * 16), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q0, odd, q1)));
             for (int l = 0; l < 4; l++)
