@@ -1324,42 +1324,154 @@ static void cyf_q40_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t
 }
 
 #if CYF_HAVE_VNNI_KERNELS
-/* q8_0's VNNI kernel with the codes unpacked: a record's 16 bytes become 32
- * unsigned nibbles in element order (low nibbles then high: elements 0..15,
- * 16..31), which vpdpbusd multiplies by x's codes; 8 * the codes' sum
- * (q8_0's 128 * sum / 16, exact) is taken off, so isum is exact. */
-__attribute__((target("avx512vnni")))
-static inline __m256i cyf_q40_nibbles(const unsigned char *p)
+/* q4_0 with VNNI: four records' 16 bytes fill one vector (a 128-bit lane
+ * per block), whose low nibbles (elements 0..15 of each block) and high
+ * nibbles (16..31) meet x's codes laid out to match (cyf_q40_x): two
+ * vpdpbusd leave 4 int32 lanes per block, no bytes moved.  One unpack-add
+ * round over the four vectors of a chunk, then one over its two results,
+ * leaves block 4j + i in lane 4i + j (cyf_q40_sigma, a transpose of 4 x 4);
+ * x's scales and code sums and the weights' gathered scales are kept in
+ * that order, so each lane's float steps are q8_0's for its block, and one
+ * permute puts the lanes back before the tree.  8 * the codes' sum is
+ * taken off (the nibbles' +8), so isum is exact.  Unpacking the nibbles
+ * into element order instead took two shuffles a block and three times the
+ * reduction steps. */
+static const int cyf_q40_sigma[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+/* The nibbles of chunk rc's blocks 4g .. 4g + 3 (nb present in the chunk):
+ * lo and hi, each block in its 128-bit lane, 0 past nb. */
+__attribute__((target("avx512vnni"), always_inline))
+static inline void cyf_q40_w4(__m512i *lo, __m512i *hi, const unsigned char *rc, int g, ptrdiff_t nb)
 {
-    const __m128i m = _mm_set1_epi8(15), v = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(v, m)),
-                                   _mm_and_si128(_mm_srli_epi16(v, 4), m), 1);
+    const __m512i m = _mm512_set1_epi8(15);
+    __m512i v = _mm512_setzero_si512();
+    if (4 * g + 3 < nb) {
+        v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rc + 4 * g * CYF_Q40_REC + 2)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rc + (4 * g + 1) * CYF_Q40_REC + 2)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rc + (4 * g + 2) * CYF_Q40_REC + 2)), 2);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rc + (4 * g + 3) * CYF_Q40_REC + 2)), 3);
+    } else {  /* the chunk's last, partial group: no record read past the row */
+        __m128i part[4];
+        for (int i = 0; i < 4; i++)
+            part[i] = 4 * g + i < nb ? _mm_loadu_si128((const __m128i *)(rc + (4 * g + i) * CYF_Q40_REC + 2))
+                                     : _mm_setzero_si128();
+        v = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(part[0]), part[1], 1),
+                                                  part[2], 2), part[3], 3);
+    }
+    *lo = _mm512_and_si512(v, m);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
 }
 
+/* The chunk's weights: wv[2g], wv[2g + 1] the low and high nibbles of
+ * group g (cyf_q40_w4), for the groups holding a block. */
 __attribute__((target("avx512vnni")))
 static inline void cyf_q40_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb)
 {
-    for (int i = 0; i < 8; i++) {
-        const int bl = cyf_q80_lo_blk[i], bh = bl + 4;
-        const __m256i wl = bl < nb ? cyf_q40_nibbles(rc + bl * CYF_Q40_REC + 2) : _mm256_setzero_si256();
-        const __m256i wh = bh < nb ? cyf_q40_nibbles(rc + bh * CYF_Q40_REC + 2) : _mm256_setzero_si256();
-        wv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(wl), wh, 1);
-    }
+    for (int g = 0; g < 4; g++)
+        if (4 * g < nb)
+            cyf_q40_w4(&wv[2 * g], &wv[2 * g + 1], rc, g, nb);
 }
 
-/* x's codes as cyf_q80_x, bsum as 8 * the codes' sums */
+/* The chunk's 16 fp16 scales in cyf_q40_sigma's order, 0 past nb, without
+ * a gather (a third of the one-row kernel's time on Zen 4): a record is 9
+ * words, so blocks 0..7's scales lie in the chunk's first 64 words and
+ * blocks 8..15's in the 64 from word 72; two word permutes pick them.  The
+ * last chunk's loads are masked to its nb records. */
+static const short cyf_q40_dw_idx[2][32] = {
+    /* lane p: block sigma(p) = 4 (p % 4) + p / 4, at word 9 * block (first 8) or 9 * block - 72 */
+    {0, 36, 0, 0, 9, 45, 0, 0, 18, 54, 0, 0, 27, 63},
+    {0, 0, 0, 36, 0, 0, 9, 45, 0, 0, 18, 54, 0, 0, 27, 63},
+};
+#define CYF_Q40_DW_HI 0xCCCC  /* lanes whose block is 8..15 */
+
+__attribute__((target("avx512vnni")))
+static inline __m512 cyf_q40_dw(const unsigned char *rc, ptrdiff_t nb)
+{
+    const ptrdiff_t bytes = nb * CYF_Q40_REC;  /* the chunk's, of 288 */
+    __m512i a0, a1, b0, b1;
+    if (nb == CYF_Q80_LANES) {
+        a0 = _mm512_loadu_si512(rc);
+        a1 = _mm512_loadu_si512(rc + 64);
+        b0 = _mm512_loadu_si512(rc + 144);
+        b1 = _mm512_loadu_si512(rc + 208);
+    } else {
+#define CYF_Q40_DW_LOAD(off) \
+    _mm512_maskz_loadu_epi8(bytes <= (off) ? 0 : bytes - (off) >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (bytes - (off))) - 1, rc + (off))
+        a0 = CYF_Q40_DW_LOAD(0);
+        a1 = CYF_Q40_DW_LOAD(64);
+        b0 = CYF_Q40_DW_LOAD(144);
+        b1 = CYF_Q40_DW_LOAD(208);
+#undef CYF_Q40_DW_LOAD
+    }
+    const __m512i lo = _mm512_permutex2var_epi16(a0, _mm512_loadu_si512(cyf_q40_dw_idx[0]), a1);
+    const __m512i hi = _mm512_permutex2var_epi16(b0, _mm512_loadu_si512(cyf_q40_dw_idx[1]), b1);
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_blend_epi16(CYF_Q40_DW_HI, lo, hi)));
+}
+
+/* s += (d_w * d_x) * isum per lane (in cyf_q40_sigma's order) for one
+ * chunk of nb blocks: wv the weights (cyf_q40_w), xv x's codes, bsum and dx
+ * in sigma's order, dw the weights' scales in it (cyf_rec_dw). */
+__attribute__((target("avx512vnni")))
+static inline __m512 cyf_q40_chunk(__m512 s, const __m512i *wv, const unsigned char *xv, const int *bsum, __m512 dw,
+                                   const float *dx, ptrdiff_t nb)
+{
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i u[4] = {zero, zero, zero, zero}, t1 = zero;
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++)
+        if (4 * g < nb)
+            u[g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, wv[2 * g], _mm512_loadu_si512(xv + 2 * g * 64)),
+                                       wv[2 * g + 1], _mm512_loadu_si512(xv + (2 * g + 1) * 64));
+    /* per 128-bit lane i: (a0+a2, b0+b2, a1+a3, b1+b3) of blocks i and 4 + i, ... */
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(u[0], u[1]), _mm512_unpackhi_epi32(u[0], u[1]));
+    if (nb > 8)
+        t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(u[2], u[3]), _mm512_unpackhi_epi32(u[2], u[3]));
+    /* ... then lane 4i + j: block 4j + i's sum */
+    const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1)),
+                                          _mm512_loadu_si512(bsum));
+    return _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_loadu_ps(dx)), _mm512_cvtepi32_ps(isum), s);
+}
+
+/* x's codes per chunk c, group g: vector 2g the codes 0..15 of blocks
+ * 4g .. 4g + 3 (16 bytes each), vector 2g + 1 their codes 16..31; d and
+ * bsum (8 * the codes' sums, the nibbles' +8) in cyf_q40_sigma's order,
+ * 0 past nblk. */
 __attribute__((target("avx512vnni")))
 static inline void cyf_q40_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdiff_t nch, signed char *q, float *d,
                              int *sum4, int *bsum, unsigned char *xv)
 {
-    cyf_q80_x(x, K, nblk, nch, q, d, sum4, bsum, xv);
-    for (ptrdiff_t b = 0; b < nch * CYF_Q80_LANES; b++)
-        bsum[b] /= 16;
+    const ptrdiff_t npad = nch * CYF_Q80_LANES;
+    memset(q, 0, (size_t)(npad * CYF_QB));
+    cyf_q8_row(x, K, q, d, sum4);  /* d [nblk] in block order first */
+    float db[CYF_Q80_LANES];
+    for (ptrdiff_t c = 0; c < nch; c++) {
+        for (int k = 0; k < CYF_Q80_LANES; k++) {
+            const ptrdiff_t b = c * CYF_Q80_LANES + k;
+            int sb = 0;  /* 128 * the codes' sum */
+            for (int l = 0; b < nblk && l < CYF_QB / 4; l++)
+                sb += sum4[b * (CYF_QB / 4) + l];
+            db[k] = b < nblk ? d[b] : 0.0f;
+            bsum[c * CYF_Q80_LANES + k] = sb / 16;  /* in block order for now */
+        }
+        int bb[CYF_Q80_LANES];
+        memcpy(bb, bsum + c * CYF_Q80_LANES, sizeof bb);
+        for (int p = 0; p < CYF_Q80_LANES; p++) {
+            d[c * CYF_Q80_LANES + p] = db[cyf_q40_sigma[p]];
+            bsum[c * CYF_Q80_LANES + p] = bb[cyf_q40_sigma[p]];
+        }
+        for (int g = 0; g < 4; g++) {
+            const signed char *qg = q + (c * CYF_Q80_LANES + 4 * g) * CYF_QB;  /* blocks 4g .. 4g + 3, 128 bytes */
+            const __m512i a = _mm512_loadu_si512(qg), b = _mm512_loadu_si512(qg + 64);  /* lanes: b0lo b0hi b1lo b1hi | ... */
+            _mm512_storeu_si512(xv + (c * 8 + 2 * g) * 64, _mm512_shuffle_i64x2(a, b, 0x88));      /* lanes 0, 2 of a, b */
+            _mm512_storeu_si512(xv + (c * 8 + 2 * g + 1) * 64, _mm512_shuffle_i64x2(a, b, 0xDD));  /* lanes 1, 3 */
+        }
+    }
 }
 
 /* A row of x prepared for the record kernels (the rows' `prep`): its codes
- * paired as the weights are (nch * 8 vectors of 64 bytes), then the block
- * scales d [npad] and code sums bsum [npad] (cyf_q80_x / cyf_q40_x). */
+ * laid out as the weights are read (nch * 8 vectors of 64 bytes), then the
+ * block scales d [npad] and code sums bsum [npad]: cyf_q80_x, or
+ * cyf_q40_x with d and bsum in its lanes' order. */
 static ptrdiff_t cyf_rec_prep_bytes(ptrdiff_t K)
 {
     return (K / CYF_QB + CYF_Q80_LANES - 1) / CYF_Q80_LANES * (8 * 64 + 8 * CYF_Q80_LANES);
@@ -1398,9 +1510,9 @@ static void cyf_q40_prep(void *xp, const float *x, ptrdiff_t K)
  * dot_t: nr = 1): each chunk of a row of W is unpacked once into registers
  * for up to 16 rows of x, whose sums wait in memory between chunks (one
  * load and store per 512 inputs); every row's arithmetic is the one-row
- * kernel's, so are its bits.  q4_0 (nib) unpacks its nibbles and takes 8 *
- * the codes' sums off (cyf_q40_x), q8_0 flips its codes' sign bit and takes
- * 128 * them.  K < 32 (no block) gives zeros, as the generic loops do. */
+ * kernel's, so are its bits.  q4_0 (nib) takes its nibbles as they lie
+ * (cyf_q40_chunk), q8_0 flips its codes' sign bit and takes 128 * the
+ * codes' sums off.  K < 32 (no block) gives zeros, as the generic loops do. */
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_rec_rows_vnni_(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
                                       ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib, const int MAXR)
@@ -1424,15 +1536,19 @@ static inline void cyf_rec_rows_vnni_(float *acc, const void *xpv, ptrdiff_t ldx
                     cyf_q40_w(wv, rc, nb);
                 else
                     cyf_q80_w(wv, rc, nb);
-                const __m512 dw = cyf_rec_dw(rc, nb, rec);
+                const __m512 dw = nib ? cyf_q40_dw(rc, nb) : cyf_rec_dw(rc, nb, CYF_Q80_REC);
                 for (int r = 0; r < m; r++) {
                     const unsigned char *xr = xp + (r0 + r) * ldxp;
-                    s[r] = cyf_q80_chunk(s[r], wv, xr + c * 8 * 64, CYF_REC_BSUM(xr, nch) + c * CYF_Q80_LANES, dw,
-                                         CYF_REC_D(xr, nch) + c * CYF_Q80_LANES, nb);
+                    const unsigned char *xc = xr + c * 8 * 64;
+                    const int *bs = CYF_REC_BSUM(xr, nch) + c * CYF_Q80_LANES;
+                    const float *dx = CYF_REC_D(xr, nch) + c * CYF_Q80_LANES;
+                    s[r] = nib ? cyf_q40_chunk(s[r], wv, xc, bs, dw, dx, nb) : cyf_q80_chunk(s[r], wv, xc, bs, dw, dx, nb);
                 }
             }
+            /* q4_0's lanes back in block order (sigma is its own inverse) */
+            const __m512i back = _mm512_loadu_si512(cyf_q40_sigma);
             for (int r = 0; r < m; r++)
-                acc[(r0 + r) * nw + j] = cyf_tree16_512(s[r]);
+                acc[(r0 + r) * nw + j] = cyf_tree16_512(nib ? _mm512_permutexvar_ps(back, s[r]) : s[r]);
         }
     }
 }
