@@ -375,6 +375,29 @@ static inline __m512i cyf_qpack_codes_(const unsigned char *row, ptrdiff_t k0, p
     return _mm512_mask_mov_epi8(wzero, m, v);
 }
 
+/* Output n's scales of blocks b0 .. b0 + nb - 1 (nb <= 16) as float32
+ * bits, 0 past them: int4's group scales, or the records' fp16 scales
+ * (gathered a word each, converted exactly). */
+__attribute__((target("avx512vnni"), always_inline))
+static inline __m512i cyf_qpack_scales_(const cyf_wt *W, ptrdiff_t n, ptrdiff_t b0, ptrdiff_t nb, ptrdiff_t nblk, int kind)
+{
+    const __mmask16 m = (__mmask16)((1u << nb) - 1u);
+    if (kind == CYF_PACK_I4)
+        return _mm512_castps_si512(_mm512_maskz_loadu_ps(m, W->scale + n * nblk + b0));
+    const ptrdiff_t rec = kind == CYF_PACK_Q80 ? CYF_Q80_REC : CYF_Q40_REC;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)rec));
+    const unsigned char *r = (const unsigned char *)W->data + n * W->ld + b0 * rec;
+    const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, (const void *)r, 1);
+    return _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+}
+
+/* The byte of a row where input k lies */
+static inline ptrdiff_t cyf_qpack_at_(ptrdiff_t k, int kind)
+{
+    return kind == CYF_PACK_I8 ? k : kind == CYF_PACK_I4 ? k / 2 : k / CYF_QB * (kind == CYF_PACK_Q80 ? CYF_Q80_REC : CYF_Q40_REC);
+}
+
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_qpack_t_vnni_(unsigned char *panel, const cyf_wt *W, ptrdiff_t K, ptrdiff_t n0, ptrdiff_t pw,
                                      int kind)
@@ -384,14 +407,16 @@ static inline void cyf_qpack_t_vnni_(unsigned char *panel, const cyf_wt *W, ptrd
     for (ptrdiff_t s = 0; s < nstr; s++) {
         unsigned char *strip = panel + s * sb;
         float *scales = (float *)(strip + Kp * CYF_QNR);  /* int8: unused */
-        memset(scales, 0, (size_t)(sb - Kp * CYF_QNR));
-        for (ptrdiff_t j = s * CYF_QNR; kind != CYF_PACK_I8 && j < pw && j < (s + 1) * CYF_QNR; j++) {
-            const unsigned char *row = (const unsigned char *)W->data + (n0 + j) * W->ld;
-            for (ptrdiff_t b = 0; b < nblk; b++)
-                scales[b * CYF_QNR + j % CYF_QNR] =
-                    kind == CYF_PACK_I4 ? W->scale[(n0 + j) * nblk + b]
-                                        : cyf_half(row + b * (kind == CYF_PACK_Q80 ? CYF_Q80_REC : CYF_Q40_REC));
-        }
+        /* A byte of each line of the strip's rows, row after row, before
+         * the rows are read 16 side by side: from DRAM, that alone left the
+         * packer waiting on loads (the hardware prefetchers follow a row at
+         * a time; software prefetches of every line did not help). */
+        const ptrdiff_t rb = cyf_qpack_at_(K - 1, kind) + 1;  /* a row's bytes, or fewer */
+        unsigned char touch = 0;
+        for (ptrdiff_t j = s * CYF_QNR; j < pw && j < (s + 1) * CYF_QNR; j++)
+            for (ptrdiff_t o = 0; o < rb; o += 64)
+                touch ^= ((const unsigned char *)W->data)[(n0 + j) * W->ld + o];
+        __asm__ volatile("" : : "r"(touch));  /* the loads are the point: keep them */
         for (int h = 0; h < 2; h++) {
             const ptrdiff_t j0 = s * CYF_QNR + h * 16;
             for (ptrdiff_t k0 = 0; k0 < Kp; k0 += 64) {
@@ -405,6 +430,19 @@ static inline void cyf_qpack_t_vnni_(unsigned char *panel, const cyf_wt *W, ptrd
                     _mm512_storeu_si512(strip + (k0 / 4 + i) * (4 * CYF_QNR) + h * 64, v[i]);
             }
         }
+        if (kind == CYF_PACK_I8)
+            memset(scales, 0, (size_t)(sb - Kp * CYF_QNR));
+        else  /* 16 blocks of 16 outputs at a time, transposed, not a scalar fp16 conversion per scale */
+            for (int h = 0; h < 2; h++)
+                for (ptrdiff_t b0 = 0; b0 < nblk; b0 += 16) {
+                    const ptrdiff_t nbk = nblk - b0 < 16 ? nblk - b0 : 16, j0 = s * CYF_QNR + h * 16;
+                    __m512i v[16];
+                    for (int r = 0; r < 16; r++)
+                        v[r] = j0 + r < pw ? cyf_qpack_scales_(W, n0 + j0 + r, b0, nbk, nblk, kind) : _mm512_setzero_si512();
+                    cyf_transpose16_epi32(v);  /* v[i]: block b0 + i's scales of the 16 outputs */
+                    for (ptrdiff_t i = 0; i < nbk; i++)
+                        _mm512_storeu_si512(scales + (b0 + i) * CYF_QNR + h * 16, v[i]);
+                }
     }
 }
 
