@@ -1040,111 +1040,6 @@ static void cyf_q80_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t
     }
 }
 
-#if CYF_HAVE_VNNI_KERNELS
-/* One row at a time, 16 blocks per step: blocks i and i + 4 (i < 4), i + 4
- * and i + 8 (i >= 4) share a 512-bit register (w + 128, the sign bit
- * flipped, as for int8) against x's codes of the same two blocks; vpdpbusd
- * leaves 8 lanes per block, which two unpack-add rounds and one lane
- * shuffle reduce so that lane k holds block k's isum (+ 128 * the codes'
- * sum, taken off).  The scales come in by one gather per 16 blocks; the
- * float steps are the generic loop's, lane for lane. */
-static const int cyf_q80_lo_blk[8] = {0, 1, 2, 3, 8, 9, 10, 11};  /* each with block + 4 */
-
-/* x[0:K] -> its codes paired as the weights are (xv: nch * 8 vectors), the
- * scales d[npad] and 128 * the codes' sums bsum[npad] (0 past nblk) */
-__attribute__((target("avx512vnni")))
-static inline void cyf_q80_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdiff_t nch, signed char *q, float *d,
-                             int *sum4, int *bsum, unsigned char *xv)
-{
-    const ptrdiff_t npad = nch * CYF_Q80_LANES;
-    memset(q, 0, (size_t)(npad * CYF_QB));
-    cyf_q8_row(x, K, q, d, sum4);
-    for (ptrdiff_t b = 0; b < npad; b++) {
-        bsum[b] = 0;
-        if (b >= nblk) {
-            d[b] = 0.0f;
-            continue;
-        }
-        for (int l = 0; l < CYF_QB / 4; l++)
-            bsum[b] += sum4[b * (CYF_QB / 4) + l];
-    }
-    for (ptrdiff_t c = 0; c < nch; c++)
-        for (int i = 0; i < 8; i++) {
-            const signed char *ql = q + (c * CYF_Q80_LANES + cyf_q80_lo_blk[i]) * CYF_QB;
-            _mm512_storeu_si512(xv + (c * 8 + i) * 64,
-                                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)ql)),
-                                                   _mm256_loadu_si256((const __m256i *)(ql + 4 * CYF_QB)), 1));
-        }
-}
-
-/* The 16 blocks' codes of chunk rc (nb of them present), sign bits flipped. */
-__attribute__((target("avx512vnni")))
-static inline void cyf_q80_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb)
-{
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    for (int i = 0; i < 8; i++) {
-        const int bl = cyf_q80_lo_blk[i], bh = bl + 4;
-        const __m256i wl = bl < nb ? _mm256_loadu_si256((const __m256i *)(rc + bl * CYF_Q80_REC + 2))
-                                   : _mm256_setzero_si256();
-        const __m256i wh = bh < nb ? _mm256_loadu_si256((const __m256i *)(rc + bh * CYF_Q80_REC + 2))
-                                   : _mm256_setzero_si256();
-        wv[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(wl), wh, 1), flip);
-    }
-}
-
-/* s += (d_w * d_x) * isum per lane for one chunk of nb blocks: wv the
- * weights, xv x's codes.  A chunk of at most 8 blocks (K's last: 2 of 18 for
- * K = 576) holds them all in wv[0..3] (blocks 0-3 and 4-7); the other four
- * vectors' sums are 0 (x's codes past K are 0) and are not computed: one
- * core, one row of x times q4_0 W [1536, 576], 57.7-58.3 -> 54.3-55.1 us. */
-__attribute__((target("avx512vnni")))
-static inline __m512 cyf_q80_chunk(__m512 s, const __m512i *wv, const unsigned char *xv, const int *bsum, __m512 dw,
-                                   const float *dx, ptrdiff_t nb)
-{
-    const __m512i zero = _mm512_setzero_si512();
-    __m512i v[8], u[4], w1 = zero;
-    if (nb > 8) {
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++)
-            v[i] = _mm512_dpbusd_epi32(zero, wv[i], _mm512_loadu_si512(xv + i * 64));
-    } else {
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++)
-            v[i] = _mm512_dpbusd_epi32(zero, wv[i], _mm512_loadu_si512(xv + i * 64));
-    }
-    /* per 128-bit lane: (p0+p2, q0+q2, p1+p3, q1+q3), then 4 sums of 4 */
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++)
-        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
-                                _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
-    if (nb > 8) {
-#pragma GCC unroll 2
-        for (int i = 2; i < 4; i++)
-            u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
-                                    _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
-        w1 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2], u[3]), _mm512_unpackhi_epi64(u[2], u[3]));
-    }
-    const __m512i w0 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
-    /* lane L of w0: v0..v3's sums over their lane L (blocks i in L0 + L1, i + 4 in L2 + L3) */
-    const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_shuffle_i32x4(w0, w1, 0x88),
-                                                           _mm512_shuffle_i32x4(w0, w1, 0xDD)),
-                                          _mm512_loadu_si512(bsum));
-    return _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_loadu_ps(dx)), _mm512_cvtepi32_ps(isum), s);
-}
-
-/* The scales of chunk rc's nb blocks of rec-byte records (0 past them). */
-__attribute__((target("avx512vnni")))
-static inline __m512 cyf_rec_dw(const unsigned char *rc, ptrdiff_t nb, ptrdiff_t rec)
-{
-    const __m512i gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)rec));
-    const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << nb) - 1u), gidx,
-                                                   (const void *)rc, 1);
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
-}
-
-
-#endif
 
 /* ---- q4_0: GGUF's Q4_0 records, a row per output --------------------------
  * q8_0's scheme with 18-byte records: an fp16 scale d_w, then 16 bytes,
@@ -1324,95 +1219,117 @@ static void cyf_q40_pack_t(float *dst, ptrdiff_t ldd, const cyf_wt *W, ptrdiff_t
 }
 
 #if CYF_HAVE_VNNI_KERNELS
-/* q4_0 with VNNI: four records' 16 bytes fill one vector (a 128-bit lane
- * per block), whose low nibbles (elements 0..15 of each block) and high
- * nibbles (16..31) meet x's codes laid out to match (cyf_q40_x): two
- * vpdpbusd leave 4 int32 lanes per block, no bytes moved.  One unpack-add
- * round over the four vectors of a chunk, then one over its two results,
- * leaves block 4j + i in lane 4i + j (cyf_q40_sigma, a transpose of 4 x 4);
- * x's scales and code sums and the weights' gathered scales are kept in
- * that order, so each lane's float steps are q8_0's for its block, and one
- * permute puts the lanes back before the tree.  8 * the codes' sum is
- * taken off (the nibbles' +8), so isum is exact.  Unpacking the nibbles
- * into element order instead took two shuffles a block and three times the
- * reduction steps. */
-static const int cyf_q40_sigma[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+/* ---- q8_0 and q4_0 with VNNI ---------------------------------------------
+ * A row at a time, 16 blocks (a chunk) per step.  Each of a block's two
+ * halves of 16 codes (q8_0's bytes 0-15 and 16-31, the sign bit flipped;
+ * q4_0's low and high nibbles of its 16 bytes, as they lie) goes in a
+ * 128-bit lane, four blocks to a register, against x's codes laid out to
+ * match (cyf_rec_x): two vpdpbusd leave 4 int32 lanes per block.  One
+ * unpack-add round over the chunk's four results, then one over its two,
+ * leaves block 4j + i in lane 4i + j (cyf_rec_sigma, a 4 x 4 transpose);
+ * x's scales and code sums and the weights' scales (word permutes of the
+ * records' bytes, not a gather) are kept in that order, so each lane's
+ * float steps are the generic loop's for its block, and one permute puts
+ * the lanes back before the tree.  The codes' +128 (q8_0) or the nibbles'
+ * +8 (q4_0) times x's codes' sum is taken off, so isum is exact.  The
+ * earlier kernels paired blocks in 256-bit halves (q4_0's nibbles moved
+ * into element order by two shuffles a block) and reduced 8 lanes a block,
+ * three times the steps for each row of x. */
+static const int cyf_rec_sigma[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
-/* The nibbles of chunk rc's blocks 4g .. 4g + 3 (nb present in the chunk):
- * lo and hi, each block in its 128-bit lane, 0 past nb. */
+/* The chunk's blocks 4g .. 4g + 3 (nb present in the chunk): lo and hi,
+ * the codes 0-15 and 16-31 of each block in its 128-bit lane, 0 past nb
+ * (no record read past the row). */
 __attribute__((target("avx512vnni"), always_inline))
-static inline void cyf_q40_w4(__m512i *lo, __m512i *hi, const unsigned char *rc, int g, ptrdiff_t nb)
+static inline void cyf_rec_w4(__m512i *lo, __m512i *hi, const unsigned char *rc, int g, ptrdiff_t nb, int nib,
+                              const int all)
 {
-    const __m512i m = _mm512_set1_epi8(15);
-    __m512i v = _mm512_setzero_si512();
-    if (4 * g + 3 < nb) {
-        v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rc + 4 * g * CYF_Q40_REC + 2)));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rc + (4 * g + 1) * CYF_Q40_REC + 2)), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rc + (4 * g + 2) * CYF_Q40_REC + 2)), 2);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rc + (4 * g + 3) * CYF_Q40_REC + 2)), 3);
-    } else {  /* the chunk's last, partial group: no record read past the row */
-        __m128i part[4];
+    if (nib) {
+        __m128i l[4];
         for (int i = 0; i < 4; i++)
-            part[i] = 4 * g + i < nb ? _mm_loadu_si128((const __m128i *)(rc + (4 * g + i) * CYF_Q40_REC + 2))
-                                     : _mm_setzero_si128();
-        v = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(part[0]), part[1], 1),
-                                                  part[2], 2), part[3], 3);
+            l[i] = all || 4 * g + i < nb ? _mm_loadu_si128((const __m128i *)(rc + (4 * g + i) * CYF_Q40_REC + 2))
+                                         : _mm_setzero_si128();
+        const __m512i a = _mm512_inserti32x4(
+            _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(l[0]), l[1], 1), l[2], 2), l[3], 3);
+        const __m512i m = _mm512_set1_epi8(15);
+        *lo = _mm512_and_si512(a, m);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(a, 4), m);
+    } else {  /* whole blocks in 256-bit halves, then their halves of 16 codes regrouped, + 128 (the sign bit) */
+        __m256i f[4];
+        for (int i = 0; i < 4; i++)
+            f[i] = all || 4 * g + i < nb ? _mm256_loadu_si256((const __m256i *)(rc + (4 * g + i) * CYF_Q80_REC + 2))
+                                         : _mm256_setzero_si256();
+        const __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(f[0]), f[1], 1);  /* b0lo b0hi b1lo b1hi */
+        const __m512i b = _mm512_inserti64x4(_mm512_castsi256_si512(f[2]), f[3], 1);
+        const __m512i flip = _mm512_set1_epi8((char)0x80);  /* 0 past nb: x's codes there are 0 */
+        *lo = _mm512_xor_si512(_mm512_shuffle_i64x2(a, b, 0x88), flip);
+        *hi = _mm512_xor_si512(_mm512_shuffle_i64x2(a, b, 0xDD), flip);
     }
-    *lo = _mm512_and_si512(v, m);
-    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
 }
 
-/* The chunk's weights: wv[2g], wv[2g + 1] the low and high nibbles of
- * group g (cyf_q40_w4), for the groups holding a block. */
-__attribute__((target("avx512vnni")))
-static inline void cyf_q40_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb)
+/* The chunk's weights: wv[2g], wv[2g + 1] for the groups holding a block */
+__attribute__((target("avx512vnni"), always_inline))
+static inline void cyf_rec_w(__m512i *wv, const unsigned char *rc, ptrdiff_t nb, int nib)
 {
     for (int g = 0; g < 4; g++)
-        if (4 * g < nb)
-            cyf_q40_w4(&wv[2 * g], &wv[2 * g + 1], rc, g, nb);
+        if (4 * g + 3 < nb)  /* all four blocks here: no test per block */
+            cyf_rec_w4(&wv[2 * g], &wv[2 * g + 1], rc, g, nb, nib, 1);
+        else if (4 * g < nb)
+            cyf_rec_w4(&wv[2 * g], &wv[2 * g + 1], rc, g, nb, nib, 0);
 }
 
-/* The chunk's 16 fp16 scales in cyf_q40_sigma's order, 0 past nb, without
- * a gather (a third of the one-row kernel's time on Zen 4): a record is 9
- * words, so blocks 0..7's scales lie in the chunk's first 64 words and
- * blocks 8..15's in the 64 from word 72; two word permutes pick them.  The
- * last chunk's loads are masked to its nb records. */
+/* The 64 bytes of a chunk from byte off, those past its first `bytes` read
+ * as 0 (not read: the last chunk of a row). */
+__attribute__((target("avx512vnni"), always_inline))
+static inline __m512i cyf_rec_window(const unsigned char *rc, ptrdiff_t off, ptrdiff_t bytes)
+{
+    if (bytes - off >= 64)
+        return _mm512_loadu_si512(rc + off);
+    return _mm512_maskz_loadu_epi8(bytes <= off ? 0 : ((__mmask64)1 << (bytes - off)) - 1, rc + off);
+}
+
+/* The chunk's 16 fp16 scales in cyf_rec_sigma's order, 0 past nb (lane p:
+ * block 4 (p % 4) + p / 4).  q8_0's record is 17 words, so blocks 4i ..
+ * 4i + 3 have theirs at words 0, 17, 34, 51 of the 64 from block 4i's
+ * record: one word permute per 4 blocks.  q4_0's is 9 words: blocks 0..7
+ * at 9b in the chunk's first 64 words, 8..15 at 9b - 72 in the 64 from
+ * word 72: two permutes. */
+static const short cyf_q80_dw_idx[32] = {0, 0, 0, 0, 17, 17, 17, 17, 34, 34, 34, 34, 51, 51, 51, 51};
 static const short cyf_q40_dw_idx[2][32] = {
-    /* lane p: block sigma(p) = 4 (p % 4) + p / 4, at word 9 * block (first 8) or 9 * block - 72 */
     {0, 36, 0, 0, 9, 45, 0, 0, 18, 54, 0, 0, 27, 63},
     {0, 0, 0, 36, 0, 0, 9, 45, 0, 0, 18, 54, 0, 0, 27, 63},
 };
-#define CYF_Q40_DW_HI 0xCCCC  /* lanes whose block is 8..15 */
 
-__attribute__((target("avx512vnni")))
-static inline __m512 cyf_q40_dw(const unsigned char *rc, ptrdiff_t nb)
+__attribute__((target("avx512vnni"), always_inline))
+static inline __m512 cyf_rec_dw(const unsigned char *rc, ptrdiff_t nb, int nib)
 {
-    const ptrdiff_t bytes = nb * CYF_Q40_REC;  /* the chunk's, of 288 */
-    __m512i a0, a1, b0, b1;
-    if (nb == CYF_Q80_LANES) {
-        a0 = _mm512_loadu_si512(rc);
-        a1 = _mm512_loadu_si512(rc + 64);
-        b0 = _mm512_loadu_si512(rc + 144);
-        b1 = _mm512_loadu_si512(rc + 208);
+    __m512i r;
+    if (nib) {
+        const ptrdiff_t bytes = nb * CYF_Q40_REC;
+        const __m512i lo = _mm512_permutex2var_epi16(cyf_rec_window(rc, 0, bytes),
+                                                     _mm512_loadu_si512(cyf_q40_dw_idx[0]), cyf_rec_window(rc, 64, bytes));
+        const __m512i hi = _mm512_permutex2var_epi16(cyf_rec_window(rc, 144, bytes),
+                                                     _mm512_loadu_si512(cyf_q40_dw_idx[1]), cyf_rec_window(rc, 208, bytes));
+        r = _mm512_mask_blend_epi16(0xCCCC, lo, hi);  /* lanes whose block is 8..15 */
     } else {
-#define CYF_Q40_DW_LOAD(off) \
-    _mm512_maskz_loadu_epi8(bytes <= (off) ? 0 : bytes - (off) >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (bytes - (off))) - 1, rc + (off))
-        a0 = CYF_Q40_DW_LOAD(0);
-        a1 = CYF_Q40_DW_LOAD(64);
-        b0 = CYF_Q40_DW_LOAD(144);
-        b1 = CYF_Q40_DW_LOAD(208);
-#undef CYF_Q40_DW_LOAD
+        const ptrdiff_t bytes = nb * CYF_Q80_REC;
+        const __m512i idx = _mm512_loadu_si512(cyf_q80_dw_idx);
+        r = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) {  /* blocks 4i + j in lanes 4j + i */
+            const ptrdiff_t off = i * 4 * CYF_Q80_REC;
+            r = _mm512_mask_blend_epi16((__mmask32)(0x1111u << i), r,
+                                        _mm512_permutex2var_epi16(cyf_rec_window(rc, off, bytes), idx,
+                                                                  cyf_rec_window(rc, off + 64, bytes)));
+        }
     }
-    const __m512i lo = _mm512_permutex2var_epi16(a0, _mm512_loadu_si512(cyf_q40_dw_idx[0]), a1);
-    const __m512i hi = _mm512_permutex2var_epi16(b0, _mm512_loadu_si512(cyf_q40_dw_idx[1]), b1);
-    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_blend_epi16(CYF_Q40_DW_HI, lo, hi)));
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(r));
 }
 
-/* s += (d_w * d_x) * isum per lane (in cyf_q40_sigma's order) for one
- * chunk of nb blocks: wv the weights (cyf_q40_w), xv x's codes, bsum and dx
+/* s += (d_w * d_x) * isum per lane (in cyf_rec_sigma's order) for one
+ * chunk of nb blocks: wv the weights (cyf_rec_w), xv x's codes, bsum and dx
  * in sigma's order, dw the weights' scales in it (cyf_rec_dw). */
-__attribute__((target("avx512vnni")))
-static inline __m512 cyf_q40_chunk(__m512 s, const __m512i *wv, const unsigned char *xv, const int *bsum, __m512 dw,
+__attribute__((target("avx512vnni"), always_inline))
+static inline __m512 cyf_rec_chunk(__m512 s, const __m512i *wv, const unsigned char *xv, const int *bsum, __m512 dw,
                                    const float *dx, ptrdiff_t nb)
 {
     const __m512i zero = _mm512_setzero_si512();
@@ -1434,30 +1351,29 @@ static inline __m512 cyf_q40_chunk(__m512 s, const __m512i *wv, const unsigned c
 
 /* x's codes per chunk c, group g: vector 2g the codes 0..15 of blocks
  * 4g .. 4g + 3 (16 bytes each), vector 2g + 1 their codes 16..31; d and
- * bsum (8 * the codes' sums, the nibbles' +8) in cyf_q40_sigma's order,
- * 0 past nblk. */
+ * bsum in cyf_rec_sigma's order, 0 past nblk: bsum 128 * the codes' sums
+ * (q8_0's flipped sign bit) or 8 * (q4_0's nibbles' +8), div 1 or 16. */
 __attribute__((target("avx512vnni")))
-static inline void cyf_q40_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdiff_t nch, signed char *q, float *d,
-                             int *sum4, int *bsum, unsigned char *xv)
+static inline void cyf_rec_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdiff_t nch, signed char *q, float *d,
+                             int *sum4, int *bsum, unsigned char *xv, int div)
 {
     const ptrdiff_t npad = nch * CYF_Q80_LANES;
     memset(q, 0, (size_t)(npad * CYF_QB));
     cyf_q8_row(x, K, q, d, sum4);  /* d [nblk] in block order first */
-    float db[CYF_Q80_LANES];
     for (ptrdiff_t c = 0; c < nch; c++) {
+        float db[CYF_Q80_LANES];
+        int bb[CYF_Q80_LANES];
         for (int k = 0; k < CYF_Q80_LANES; k++) {
             const ptrdiff_t b = c * CYF_Q80_LANES + k;
             int sb = 0;  /* 128 * the codes' sum */
             for (int l = 0; b < nblk && l < CYF_QB / 4; l++)
                 sb += sum4[b * (CYF_QB / 4) + l];
             db[k] = b < nblk ? d[b] : 0.0f;
-            bsum[c * CYF_Q80_LANES + k] = sb / 16;  /* in block order for now */
+            bb[k] = sb / div;
         }
-        int bb[CYF_Q80_LANES];
-        memcpy(bb, bsum + c * CYF_Q80_LANES, sizeof bb);
         for (int p = 0; p < CYF_Q80_LANES; p++) {
-            d[c * CYF_Q80_LANES + p] = db[cyf_q40_sigma[p]];
-            bsum[c * CYF_Q80_LANES + p] = bb[cyf_q40_sigma[p]];
+            d[c * CYF_Q80_LANES + p] = db[cyf_rec_sigma[p]];
+            bsum[c * CYF_Q80_LANES + p] = bb[cyf_rec_sigma[p]];
         }
         for (int g = 0; g < 4; g++) {
             const signed char *qg = q + (c * CYF_Q80_LANES + 4 * g) * CYF_QB;  /* blocks 4g .. 4g + 3, 128 bytes */
@@ -1468,10 +1384,10 @@ static inline void cyf_q40_x(const float *x, ptrdiff_t K, ptrdiff_t nblk, ptrdif
     }
 }
 
-/* A row of x prepared for the record kernels (the rows' `prep`): its codes
- * laid out as the weights are read (nch * 8 vectors of 64 bytes), then the
- * block scales d [npad] and code sums bsum [npad]: cyf_q80_x, or
- * cyf_q40_x with d and bsum in its lanes' order. */
+/* A row of x prepared for the record kernels (the rows' `prep`, cyf_rec_x):
+ * its codes laid out as the weights are read (nch * 8 vectors of 64 bytes),
+ * then the block scales d [npad] and code sums bsum [npad] in the lanes'
+ * order. */
 static ptrdiff_t cyf_rec_prep_bytes(ptrdiff_t K)
 {
     return (K / CYF_QB + CYF_Q80_LANES - 1) / CYF_Q80_LANES * (8 * 64 + 8 * CYF_Q80_LANES);
@@ -1488,10 +1404,7 @@ static inline void cyf_rec_prep_(void *xp, const float *x, ptrdiff_t K, int nib)
     int sum4[npad * (CYF_QB / 4) + 1];
     unsigned char *xv = (unsigned char *)xp;
     float *d = (float *)(xv + nch * 8 * 64);
-    if (nib)
-        cyf_q40_x(x, K, nblk, nch, q, d, sum4, (int *)(d + npad), xv);
-    else
-        cyf_q80_x(x, K, nblk, nch, q, d, sum4, (int *)(d + npad), xv);
+    cyf_rec_x(x, K, nblk, nch, q, d, sum4, (int *)(d + npad), xv, nib ? 16 : 1);
 }
 
 __attribute__((target("avx512vnni")))
@@ -1510,9 +1423,7 @@ static void cyf_q40_prep(void *xp, const float *x, ptrdiff_t K)
  * dot_t: nr = 1): each chunk of a row of W is unpacked once into registers
  * for up to 16 rows of x, whose sums wait in memory between chunks (one
  * load and store per 512 inputs); every row's arithmetic is the one-row
- * kernel's, so are its bits.  q4_0 (nib) takes its nibbles as they lie
- * (cyf_q40_chunk), q8_0 flips its codes' sign bit and takes 128 * the
- * codes' sums off.  K < 32 (no block) gives zeros, as the generic loops do. */
+ * kernel's, so are its bits (cyf_rec_chunk).  K < 32 (no block) gives zeros, as the generic loops do. */
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_rec_rows_vnni_(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
                                       ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib, const int MAXR)
@@ -1532,23 +1443,18 @@ static inline void cyf_rec_rows_vnni_(float *acc, const void *xpv, ptrdiff_t ldx
                 const unsigned char *rc = row + c * CYF_Q80_LANES * rec;
                 const ptrdiff_t nb = nblk - c * CYF_Q80_LANES < CYF_Q80_LANES ? nblk - c * CYF_Q80_LANES
                                                                               : CYF_Q80_LANES;
-                if (nib)
-                    cyf_q40_w(wv, rc, nb);
-                else
-                    cyf_q80_w(wv, rc, nb);
-                const __m512 dw = nib ? cyf_q40_dw(rc, nb) : cyf_rec_dw(rc, nb, CYF_Q80_REC);
+                cyf_rec_w(wv, rc, nb, nib);
+                const __m512 dw = cyf_rec_dw(rc, nb, nib);
                 for (int r = 0; r < m; r++) {
                     const unsigned char *xr = xp + (r0 + r) * ldxp;
-                    const unsigned char *xc = xr + c * 8 * 64;
-                    const int *bs = CYF_REC_BSUM(xr, nch) + c * CYF_Q80_LANES;
-                    const float *dx = CYF_REC_D(xr, nch) + c * CYF_Q80_LANES;
-                    s[r] = nib ? cyf_q40_chunk(s[r], wv, xc, bs, dw, dx, nb) : cyf_q80_chunk(s[r], wv, xc, bs, dw, dx, nb);
+                    s[r] = cyf_rec_chunk(s[r], wv, xr + c * 8 * 64, CYF_REC_BSUM(xr, nch) + c * CYF_Q80_LANES, dw,
+                                         CYF_REC_D(xr, nch) + c * CYF_Q80_LANES, nb);
                 }
             }
-            /* q4_0's lanes back in block order (sigma is its own inverse) */
-            const __m512i back = _mm512_loadu_si512(cyf_q40_sigma);
+            /* the lanes back in block order (sigma is its own inverse) */
+            const __m512i back = _mm512_loadu_si512(cyf_rec_sigma);
             for (int r = 0; r < m; r++)
-                acc[(r0 + r) * nw + j] = cyf_tree16_512(nib ? _mm512_permutexvar_ps(back, s[r]) : s[r]);
+                acc[(r0 + r) * nw + j] = cyf_tree16_512(_mm512_permutexvar_ps(back, s[r]));
         }
     }
 }
