@@ -1423,7 +1423,8 @@ static void cyf_q40_prep(void *xp, const float *x, ptrdiff_t K)
  * dot_t: nr = 1): each chunk of a row of W is unpacked once into registers
  * for up to 16 rows of x, whose sums wait in memory between chunks (one
  * load and store per 512 inputs); every row's arithmetic is the one-row
- * kernel's, so are its bits (cyf_rec_chunk).  K < 32 (no block) gives zeros, as the generic loops do. */
+ * kernel's, so are its bits (cyf_rec_chunk).  K < 32 (no block) gives
+ * zeros, as the generic loops do. */
 __attribute__((target("avx512vnni"), always_inline))
 static inline void cyf_rec_rows_vnni_(float *acc, const void *xpv, ptrdiff_t ldxp, int nr, const cyf_wt *W,
                                       ptrdiff_t a, ptrdiff_t nw, ptrdiff_t K, int nib, const int MAXR)
