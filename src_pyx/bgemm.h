@@ -58,6 +58,7 @@ static void cyf_bf16_bpack_t(unsigned int *panel, const cyf_wt *W, ptrdiff_t K, 
     const __m512i zero = _mm512_setzero_si512();
     for (ptrdiff_t j0 = 0; j0 < ncols; j0 += 16) {
         unsigned int *dst = panel + (j0 / CYF_BNR) * sw + j0 % CYF_BNR;
+        cyf_touch_rows(base + j0 * ld, ld * 2, pw - j0 < 16 ? pw - j0 : 16, 2 * K);
         for (ptrdiff_t p0 = 0; p0 < np; p0 += 16) {
             /* the bf16 inputs 2 p0 .. 2 p0 + 31 of each row, those past K masked off */
             const ptrdiff_t nk = K - 2 * p0 < 32 ? K - 2 * p0 : 32;

@@ -407,16 +407,8 @@ static inline void cyf_qpack_t_vnni_(unsigned char *panel, const cyf_wt *W, ptrd
     for (ptrdiff_t s = 0; s < nstr; s++) {
         unsigned char *strip = panel + s * sb;
         float *scales = (float *)(strip + Kp * CYF_QNR);  /* int8: unused */
-        /* A byte of each line of the strip's rows, row after row, before
-         * the rows are read 16 side by side: from DRAM, that alone left the
-         * packer waiting on loads (the hardware prefetchers follow a row at
-         * a time; software prefetches of every line did not help). */
-        const ptrdiff_t rb = cyf_qpack_at_(K - 1, kind) + 1;  /* a row's bytes, or fewer */
-        unsigned char touch = 0;
-        for (ptrdiff_t j = s * CYF_QNR; j < pw && j < (s + 1) * CYF_QNR; j++)
-            for (ptrdiff_t o = 0; o < rb; o += 64)
-                touch ^= ((const unsigned char *)W->data)[(n0 + j) * W->ld + o];
-        __asm__ volatile("" : : "r"(touch));  /* the loads are the point: keep them */
+        const ptrdiff_t js = s * CYF_QNR, nj = pw - js < CYF_QNR ? pw - js : CYF_QNR;
+        cyf_touch_rows((const unsigned char *)W->data + (n0 + js) * W->ld, W->ld, nj, cyf_qpack_at_(K - 1, kind) + 1);
         for (int h = 0; h < 2; h++) {
             const ptrdiff_t j0 = s * CYF_QNR + h * 16;
             for (ptrdiff_t k0 = 0; k0 < Kp; k0 += 64) {

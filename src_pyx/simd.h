@@ -1060,6 +1060,20 @@ static inline double cyf_exp_shift_n(float *x, ptrdiff_t n, float shift)
     return cyf_lanes8(a, b, x, i, n, 0.0, 0);
 }
 
+/* A byte of each 64-byte line of rows rows apart (ld bytes apart, nb bytes
+ * each), row after row: the GEMMs' packers do it before they read the
+ * rows side by side, which from DRAM waited on the loads (the hardware
+ * prefetchers follow a row at a time; software prefetches of every line
+ * did not help). */
+static inline void cyf_touch_rows(const void *base, ptrdiff_t ld, ptrdiff_t rows, ptrdiff_t nb)
+{
+    unsigned char t = 0;
+    for (ptrdiff_t j = 0; j < rows; j++)
+        for (ptrdiff_t o = 0; o < nb; o += 64)
+            t ^= ((const unsigned char *)base)[j * ld + o];
+    __asm__ volatile("" : : "r"(t));  /* the loads are the point: keep them */
+}
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 /* r[i] (16 rows of 16 dwords) transposed in registers: r[e] becomes dword e
