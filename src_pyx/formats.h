@@ -1070,7 +1070,7 @@ static inline float cyf_q40_row_dot(const signed char *q, const float *dx, const
 
 #if CYF_HAVE_AVX2_KERNELS
 /* cyf_q80_row_dot / cyf_q40_row_dot with AVX2 and F16C, the same bits, 8
- * blocks at a time (lanes b % 16 < 8 or >= 8 of the 16 partial sums): each
+ * blocks at a time (lanes b % 16 < 8, then >= 8, of the 16 partial sums): each
  * block's 32 code products summed exactly by vpmaddubsw on |w| and the
  * codes with w's sign (pair sums below 2^15) and vpmaddwd, the 8 blocks'
  * lanes added by a vphaddd tree, their scales converted exactly by
@@ -1121,10 +1121,6 @@ static inline void cyf_rec_blocks_avx2_(__m256i (*p)[4], short *h, const unsigne
     }
 }
 
-/* MX rows of x (codes q + r * ldq, scales dx + r * ldd) against one row of
- * records: each block's codes are loaded and made |w| once for all rows
- * (a batch's step: one row at a time, 8 rows of 3072x768 took 8.6 times
- * one row), every row's integer and float steps the one-row kernel's. */
 /* s + (d_w * d_x) * isum for 8 blocks from bh: p their paired sums of
  * one row of x (cyf_rec_blocks_avx2_), dw their scales, d the row's scales */
 __attribute__((target("avx2,fma,f16c"), always_inline))
