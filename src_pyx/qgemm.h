@@ -375,21 +375,19 @@ static inline __m512i cyf_qpack_codes_(const unsigned char *row, ptrdiff_t k0, p
     return _mm512_mask_mov_epi8(wzero, m, v);
 }
 
-/* Output n's scales of blocks b0 .. b0 + nb - 1 (nb <= 16) as float32
- * bits, 0 past them: int4's group scales, or the records' fp16 scales
- * (gathered a word each, converted exactly). */
+/* Output n's scales of blocks b0 .. b0 + nb - 1 (nb <= 16, b0 a multiple
+ * of 16) as float32 bits, 0 past them: int4's group scales, or the
+ * records' fp16 scales as decode reads a chunk's (cyf_rec_dw), put back in
+ * block order. */
 __attribute__((target("avx512vnni"), always_inline))
 static inline __m512i cyf_qpack_scales_(const cyf_wt *W, ptrdiff_t n, ptrdiff_t b0, ptrdiff_t nb, ptrdiff_t nblk, int kind)
 {
-    const __mmask16 m = (__mmask16)((1u << nb) - 1u);
     if (kind == CYF_PACK_I4)
-        return _mm512_castps_si512(_mm512_maskz_loadu_ps(m, W->scale + n * nblk + b0));
-    const ptrdiff_t rec = kind == CYF_PACK_Q80 ? CYF_Q80_REC : CYF_Q40_REC;
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32((int)rec));
-    const unsigned char *r = (const unsigned char *)W->data + n * W->ld + b0 * rec;
-    const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, (const void *)r, 1);
-    return _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+        return _mm512_castps_si512(_mm512_maskz_loadu_ps((__mmask16)((1u << nb) - 1u), W->scale + n * nblk + b0));
+    const int nib = kind == CYF_PACK_Q40;
+    const __m512 d = cyf_rec_dw((const unsigned char *)W->data + n * W->ld + b0 * (nib ? CYF_Q40_REC : CYF_Q80_REC), nb,
+                                nib);
+    return _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_loadu_si512(cyf_rec_sigma), d));
 }
 
 /* The byte of a row where input k lies */
